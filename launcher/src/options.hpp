@@ -1,0 +1,38 @@
+// What the nodalrun command line asks for.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nodal::launcher {
+
+enum class StartMethod { spawn, forkserver };
+enum class BindTo { automatic, none, core, numa };
+
+/// The most ranks one nodalrun starts; beyond it a typo (-n 10000) is likelier than intent.
+inline constexpr int kMaxRanks = 1024;
+
+struct Options {
+  int nprocs = 0;
+  StartMethod start_method = StartMethod::spawn;
+  BindTo bind_to = BindTo::automatic;
+  /// -x NAME[=VALUE]: extra environment for every rank (NAME alone passes nodalrun's own value).
+  std::vector<std::string> exports;
+  std::optional<std::string> output_dir;
+  std::optional<std::string> report_path;
+  double timeout_seconds = 0;  ///< 0: none
+  double grace_seconds = 5;
+  /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
+  std::vector<std::string> command;
+};
+
+/// Parses argv (CLI11). Returns nullopt after printing help or the version (exit 0).
+/// Throws UsageError with one line that says what is wrong (the caller exits 2).
+std::optional<Options> parse_command_line(int argc, char** argv);
+
+/// Finds PROGRAM as execvp would (PATH search unless it has a '/').
+/// Throws ProgramError carrying 127 (not found) or 126 (not executable) and a one-line message.
+std::string resolve_program(const std::string& program);
+
+}  // namespace nodal::launcher

@@ -1,0 +1,546 @@
+#include "supervisor.hpp"
+
+#include <nodal/detail/control.hpp>
+#include <nodal/detail/environment.hpp>
+#include <nodal/detail/posix.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "launch.hpp"
+#include "report.hpp"
+
+extern char** environ;
+
+namespace nodal::launcher {
+
+using namespace nodal::detail;
+
+namespace {
+
+constexpr std::uint64_t kTagSignal = 1;
+constexpr std::uint64_t kTagControl = 2;
+constexpr std::uint64_t kTagTimeout = 3;
+constexpr std::uint64_t kTagGrace = 4;
+constexpr std::uint64_t kTagStreamBase = 16;  ///< + index into streams_
+constexpr std::size_t kLastStderrLines = 10;
+/// After the last rank is reaped, how long a pipe still held open by a rank's own child may
+/// keep nodalrun waiting for the rest of the output.
+constexpr int kDrainMs = 500;
+
+const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+
+std::string make_job_id() {
+  std::random_device random;
+  return fmt::format("nodal-{}-{:08x}", ::getpid(), random());
+}
+
+/// A TCP port free right now on 127.0.0.1, for torch.distributed's env:// rendezvous.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw_errno("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) < 0) {
+    ::close(fd);
+    throw_errno("bind(127.0.0.1:0)");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// The memory cgroup's oom_kill counter (cgroup v2 memory.events, v1 memory.oom_control).
+long read_oom_kills() {
+  std::ifstream cgroups("/proc/self/cgroup");
+  std::string line;
+  std::vector<std::string> candidates;
+  while (std::getline(cgroups, line)) {
+    if (line.rfind("0::", 0) == 0) {
+      candidates.push_back("/sys/fs/cgroup" + line.substr(3) + "/memory.events");
+      candidates.push_back("/sys/fs/cgroup/memory.events");
+    } else if (auto pos = line.find(":memory:"); pos != std::string::npos) {
+      candidates.push_back("/sys/fs/cgroup/memory" + line.substr(pos + 8) + "/memory.oom_control");
+      candidates.push_back("/sys/fs/cgroup/memory/memory.oom_control");
+    }
+  }
+  for (const std::string& path : candidates) {
+    std::ifstream file(path);
+    std::string key;
+    long value;
+    while (file >> key >> value) {
+      if (key == "oom_kill") return value;
+    }
+  }
+  return -1;
+}
+
+int make_timer() {
+  int fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (fd < 0) throw_errno("timerfd_create");
+  return fd;
+}
+
+void arm_timer(int fd, double seconds) {
+  itimerspec spec{};
+  seconds = std::max(seconds, 1e-6);
+  spec.it_value.tv_sec = static_cast<time_t>(seconds);
+  spec.it_value.tv_nsec = static_cast<long>((seconds - std::floor(seconds)) * 1e9);
+  if (::timerfd_settime(fd, 0, &spec, nullptr) < 0) throw_errno("timerfd_settime");
+}
+
+}  // namespace
+
+/// One rank's stdout or stderr pipe as the event loop sees it.
+struct Supervisor::Stream {
+  int fd = -1;
+  int rank = 0;
+  bool is_stderr = false;
+};
+
+Supervisor::Supervisor(Options options, std::string program_path)
+    : options_(std::move(options)), program_(std::move(program_path)) {}
+
+Supervisor::~Supervisor() {
+  for (int fd : {epoll_fd_, signal_fd_, control_fd_, rank_control_fd_, timeout_fd_, grace_fd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+  for (const Stream& s : streams_) {
+    if (s.fd >= 0) ::close(s.fd);
+  }
+}
+
+void Supervisor::watch(int fd, std::uint64_t tag) {
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = tag;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) < 0) throw_errno("epoll_ctl");
+}
+
+void Supervisor::set_up() {
+  started_ = Clock::now();
+  job_id_ = make_job_id();
+  oom_kills_at_start_ = read_oom_kills();
+  placement_ = place_ranks(options_.nprocs, options_.bind_to);
+
+  // Two pipes per rank stay open here: make room for 1024 ranks under a 1024-fd soft limit.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+  // Forkserver ranks are the zygote's children; as a subreaper we adopt and reap them ourselves.
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) throw_errno("prctl(PR_SET_CHILD_SUBREAPER)");
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor of running ranks
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGCHLD);
+  for (int sig : kForwardedSignals) sigaddset(&signals, sig);
+  if (::sigprocmask(SIG_BLOCK, &signals, nullptr) < 0) throw_errno("sigprocmask");
+  signal_fd_ = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd_ < 0) throw_errno("signalfd");
+
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) throw_errno("epoll_create1");
+  std::tie(control_fd_, rank_control_fd_) = make_control_pair();
+  timeout_fd_ = make_timer();
+  grace_fd_ = make_timer();
+  watch(signal_fd_, kTagSignal);
+  watch(control_fd_, kTagControl);
+  watch(timeout_fd_, kTagTimeout);
+  watch(grace_fd_, kTagGrace);
+
+  if (options_.output_dir) {
+    if (::mkdir(options_.output_dir->c_str(), 0777) < 0 && errno != EEXIST) {
+      throw_errno(fmt::format("mkdir({})", *options_.output_dir));
+    }
+  }
+  ranks_.resize(options_.nprocs);
+  for (int r = 0; r < options_.nprocs; ++r) {
+    ranks_[r].rank = r;
+    ranks_[r].cpuset = placement_.cpusets[r];
+  }
+}
+
+std::vector<std::string> Supervisor::base_environment() const {
+  static const std::set<std::string> ours = {kEnvRank,       kEnvWorldSize,       kEnvLocalRank,    kEnvLocalWorldSize,
+                                             kEnvMasterAddr, kEnvMasterPort,      kEnvJobId,        kEnvControlFd,
+                                             kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds};
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view entry(*e);
+    std::string name(entry.substr(0, entry.find('=')));
+    if (!ours.count(name)) env.emplace_back(entry);
+  }
+  for (const std::string& item : options_.exports) {
+    if (item.find('=') != std::string::npos) {
+      env.push_back(item);
+    } else if (const char* value = std::getenv(item.c_str())) {
+      env.push_back(item + "=" + value);
+    }
+  }
+  auto set = [&env](const char* name, const std::string& value) { env.push_back(fmt::format("{}={}", name, value)); };
+  set(kEnvWorldSize, std::to_string(options_.nprocs));
+  set(kEnvLocalWorldSize, std::to_string(options_.nprocs));
+  set(kEnvMasterAddr, "127.0.0.1");
+  set(kEnvMasterPort, std::to_string(free_port()));
+  set(kEnvJobId, job_id_);
+  set(kEnvControlFd, std::to_string(rank_control_fd_));
+  set(kEnvLauncherPid, std::to_string(::getpid()));
+  return env;
+}
+
+void Supervisor::open_rank_pipes(RankRecord& rank, int& out_write, int& err_write) {
+  for (bool is_stderr : {false, true}) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe2");
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    (is_stderr ? err_write : out_write) = fds[1];
+    int file_fd = -1;
+    if (options_.output_dir) {
+      std::string path = fmt::format("{}/rank.{}.{}", *options_.output_dir, rank.rank, is_stderr ? "stderr" : "stdout");
+      file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+      if (file_fd < 0) throw_errno(fmt::format("open({})", path));
+    }
+    auto tagger = std::make_unique<LineTagger>(fmt::format("[{}] ", rank.rank), is_stderr ? STDERR_FILENO : STDOUT_FILENO,
+                                               file_fd, is_stderr ? kLastStderrLines : 0);
+    (is_stderr ? rank.err : rank.out) = std::move(tagger);
+    streams_.push_back({fds[0], rank.rank, is_stderr});
+    watch(fds[0], kTagStreamBase + streams_.size() - 1);
+  }
+}
+
+void Supervisor::start_spawn() {
+  std::vector<std::string> env = base_environment();
+  std::vector<std::pair<int, int>> write_ends;
+  for (RankRecord& rank : ranks_) {
+    int out = -1, err = -1;
+    open_rank_pipes(rank, out, err);
+    write_ends.emplace_back(out, err);
+  }
+  // Everything is prepared before the first fork: a failure above starts no rank at all.
+  for (RankRecord& rank : ranks_) {
+    LaunchSpec spec;
+    spec.program = program_;
+    spec.argv = options_.command;
+    spec.env = env;
+    spec.env.push_back(fmt::format("{}={}", kEnvRank, rank.rank));
+    spec.env.push_back(fmt::format("{}={}", kEnvLocalRank, rank.rank));
+    spec.stdout_fd = write_ends[rank.rank].first;
+    spec.stderr_fd = write_ends[rank.rank].second;
+    spec.cpuset = rank.cpuset ? &*rank.cpuset : nullptr;
+    rank.started = Clock::now();
+    rank.pid = launch(spec);
+    ::close(write_ends[rank.rank].first);
+    ::close(write_ends[rank.rank].second);
+  }
+}
+
+void Supervisor::start_forkserver() {
+  std::vector<std::string> env = base_environment();
+  std::vector<std::pair<int, int>> write_ends;
+  std::string fd_list;
+  LaunchSpec spec;
+  for (RankRecord& rank : ranks_) {
+    int out = -1, err = -1;
+    open_rank_pipes(rank, out, err);
+    write_ends.emplace_back(out, err);
+    fd_list += fmt::format("{}{},{}", fd_list.empty() ? "" : ";", out, err);
+    spec.inherit_fds.push_back(out);
+    spec.inherit_fds.push_back(err);
+  }
+  env.push_back(fmt::format("{}=forkserver", kEnvStartMethod));
+  env.push_back(fmt::format("{}={}", kEnvForkserverFds, fd_list));
+  spec.program = program_;
+  spec.argv = options_.command;
+  spec.env = std::move(env);
+  // What the zygote prints before nodal::init() appears as rank 0's output.
+  spec.stdout_fd = write_ends[0].first;
+  spec.stderr_fd = write_ends[0].second;
+  zygote_pid_ = launch(spec);
+  for (auto [out, err] : write_ends) {
+    ::close(out);
+    ::close(err);
+  }
+}
+
+int Supervisor::run() {
+  set_up();
+  try {
+    if (options_.start_method == StartMethod::forkserver) {
+      start_forkserver();
+    } else {
+      start_spawn();
+    }
+  } catch (...) {
+    // A fork failed part-way (EAGAIN: too many processes): leave nothing running behind us.
+    signal_all(SIGKILL);
+    while (::wait4(-1, nullptr, 0, nullptr) > 0 || errno == EINTR) {
+    }
+    throw;
+  }
+  if (options_.timeout_seconds > 0) arm_timer(timeout_fd_, options_.timeout_seconds);
+  loop();
+
+  int code = exit_code();
+  JobSummary summary{job_id_, options_, ranks_, failure_, interrupted_by_, code, started_, Clock::now(), stop_signalled_};
+  if (failure_ || interrupted_by_) write_all(STDERR_FILENO, format_failure_report(summary));
+  if (options_.report_path) write_json_report(summary, *options_.report_path);
+  return code;
+}
+
+bool Supervisor::finished() const {
+  if (zygote_pid_ > 0 && !zygote_reaped_) return false;
+  for (const RankRecord& r : ranks_) {
+    if (r.pid > 0 && !r.reaped) return false;
+  }
+  return true;
+}
+
+void Supervisor::loop() {
+  std::optional<Clock::time_point> drain_deadline;
+  epoll_event events[64];
+  for (;;) {
+    bool streams_open = false;
+    for (const Stream& s : streams_) streams_open |= s.fd >= 0;
+    if (finished()) {
+      if (!streams_open) return;
+      if (!drain_deadline) drain_deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
+      if (Clock::now() >= *drain_deadline) return;  // a rank's own child holds the pipe: stop here
+    }
+    int wait_ms = -1;
+    if (drain_deadline) {
+      wait_ms = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(*drain_deadline - Clock::now()).count()) + 1;
+    }
+    int n = ::epoll_wait(epoll_fd_, events, 64, wait_ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("epoll_wait");
+    }
+    // Output first, so a failing rank's last lines are in the report; the control socket before
+    // exits, so an exception report or a fork announcement is known when its process is reaped.
+    bool child_exited = false;
+    for (int i = 0; i < n; ++i) {
+      std::uint64_t tag = events[i].data.u64;
+      if (tag >= kTagStreamBase) on_output(tag - kTagStreamBase);
+    }
+    for (int i = 0; i < n; ++i) {
+      switch (events[i].data.u64) {
+        case kTagControl: on_control(); break;
+        case kTagSignal: on_signal(); child_exited = true; break;
+        case kTagTimeout: {
+          std::uint64_t expirations;
+          if (::read(timeout_fd_, &expirations, sizeof expirations) > 0 && !finished()) {
+            record_failure({FailureKind::timeout, -1, -1, Clock::now(), 124, 0, false,
+                            fmt::format("the job passed --timeout {:g} s", options_.timeout_seconds)});
+          }
+          break;
+        }
+        case kTagGrace: {
+          std::uint64_t expirations;
+          if (::read(grace_fd_, &expirations, sizeof expirations) > 0) {
+            for (RankRecord& r : ranks_) r.killed_after_grace = r.pid > 0 && !r.reaped;
+            signal_all(SIGKILL);
+          }
+          break;
+        }
+        default: break;
+      }
+    }
+    if (child_exited) {
+      on_control();
+      on_child_exits();
+    }
+  }
+}
+
+void Supervisor::on_output(std::size_t index) {
+  Stream& stream = streams_[index];
+  if (stream.fd < 0) return;
+  RankRecord& rank = ranks_[stream.rank];
+  LineTagger& tagger = stream.is_stderr ? *rank.err : *rank.out;
+  char buf[64 * 1024];
+  ssize_t n = ::read(stream.fd, buf, sizeof buf);
+  if (n > 0) {
+    tagger.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+    tagger.finish();
+    ::close(stream.fd);  // closing also removes it from the epoll set
+    stream.fd = -1;
+  }
+}
+
+void Supervisor::on_signal() {
+  signalfd_siginfo info;
+  while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) continue;  // reaped by the caller
+    if (sig == SIGINT && ++sigint_count_ >= 2) {
+      write_all(STDERR_FILENO, "nodalrun: second SIGINT: killing every rank now\n");
+      for (RankRecord& r : ranks_) r.killed_after_grace = r.pid > 0 && !r.reaped;
+      signal_all(SIGKILL);
+      continue;
+    }
+    signal_all(sig);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (!interrupted_by_) interrupted_by_ = sig;
+      if (!stopping_) {
+        stopping_ = true;
+        arm_timer(grace_fd_, options_.grace_seconds);
+      }
+    }
+  }
+}
+
+void Supervisor::on_control() {
+  while (std::optional<ControlMessage> message = receive_control(control_fd_)) {
+    switch (message->kind) {
+      case ControlKind::exception: {
+        if (message->rank < 0 || message->rank >= options_.nprocs) break;
+        RankRecord& rank = ranks_[message->rank];
+        rank.exception_report = message->text;
+        std::string first_line = message->text.substr(0, message->text.find('\n'));
+        record_failure({FailureKind::exception, rank.rank, rank.pid, Clock::now(), 1, 0, false,
+                        fmt::format("uncaught exception: {}", first_line)});
+        break;
+      }
+      case ControlKind::forked: {
+        if (message->rank < 0 || message->rank >= options_.nprocs || message->pid <= 0) break;
+        RankRecord& rank = ranks_[message->rank];
+        rank.pid = message->pid;
+        rank.started = Clock::now();
+        if (rank.cpuset) ::sched_setaffinity(rank.pid, sizeof(cpu_set_t), &*rank.cpuset);
+        if (stopping_) ::kill(-rank.pid, SIGTERM);  // forked while we were already stopping
+        break;
+      }
+      case ControlKind::zygote_error:
+        record_failure({FailureKind::zygote, -1, message->pid, Clock::now(), 2, 0, false,
+                        fmt::format("--start-method forkserver: {}", message->text)});
+        break;
+    }
+  }
+}
+
+void Supervisor::on_child_exits() {
+  for (;;) {
+    int status = 0;
+    rusage usage{};
+    pid_t pid = ::wait4(-1, &status, WNOHANG, &usage);
+    if (pid <= 0) return;  // 0: none left exited; -1 ECHILD: no children at all
+    if (pid == zygote_pid_) {
+      zygote_reaped_ = true;
+      on_zygote_exit(status);
+      continue;
+    }
+    for (RankRecord& rank : ranks_) {
+      if (rank.pid != pid) continue;
+      rank.reaped = true;
+      rank.wait_status = status;
+      rank.ended = Clock::now();
+      rank.peak_rss_kib = usage.ru_maxrss;
+      on_rank_exit(rank, status);
+      break;
+    }
+    // Any other pid is an orphan a rank left behind that we adopted as subreaper: reaped, ignored.
+  }
+}
+
+void Supervisor::on_rank_exit(RankRecord& rank, int status) {
+  if (status == 0) return;
+  if (failure_ && failure_->rank == rank.rank && failure_->kind == FailureKind::exception) {
+    failure_->exit_code = exit_code_of(status);  // the report came first; now we know how it ended
+    return;
+  }
+  Failure failure;
+  failure.rank = rank.rank;
+  failure.pid = rank.pid;
+  failure.at = rank.ended;
+  failure.exit_code = exit_code_of(status);
+  failure.detail = describe_wait_status(status);
+  if (WIFSIGNALED(status)) {
+    failure.kind = FailureKind::signal;
+    failure.signal = WTERMSIG(status);
+    failure.oom_killed = failure.signal == SIGKILL && oom_kill_count_rose();
+  } else {
+    failure.kind = FailureKind::exit;
+  }
+  record_failure(std::move(failure));
+}
+
+void Supervisor::on_zygote_exit(int status) {
+  int forked = 0;
+  for (const RankRecord& r : ranks_) forked += r.pid > 0;
+  if (status == 0 && forked == options_.nprocs) return;  // the normal end of a zygote
+  if (failure_) return;  // it already said why (zygote_error), or we stopped it
+  Failure failure{FailureKind::zygote, -1, zygote_pid_, Clock::now(), exit_code_of(status), 0, false, {}};
+  if (forked == 0 && status == 0) {
+    failure.exit_code = 2;
+    failure.detail = fmt::format(
+        "--start-method forkserver: {} exited without calling nodal::init(), so no rank was started; "
+        "forkserver needs a program that calls nodal::init() (or use --start-method spawn)",
+        options_.command.front());
+  } else {
+    failure.detail = fmt::format("--start-method forkserver: the zygote {} after forking {} of {} ranks",
+                                 describe_wait_status(status), forked, options_.nprocs);
+    if (WIFSIGNALED(status)) failure.signal = WTERMSIG(status);
+  }
+  record_failure(std::move(failure));
+}
+
+void Supervisor::record_failure(Failure failure) {
+  if (!failure_) failure_ = std::move(failure);
+  stop_ranks();
+}
+
+void Supervisor::stop_ranks() {
+  if (stopping_ && stop_signalled_) return;
+  stopping_ = true;
+  signal_all(SIGTERM);
+  stop_signalled_ = Clock::now();
+  arm_timer(grace_fd_, options_.grace_seconds);
+}
+
+void Supervisor::signal_all(int sig) {
+  // Whole process groups: a rank's own children go too. Reaped ranks' groups may still hold such
+  // children; kill() on an empty group fails with ESRCH, which is fine.
+  if (zygote_pid_ > 0 && !zygote_reaped_) ::kill(-zygote_pid_, sig);
+  for (const RankRecord& r : ranks_) {
+    if (r.pid > 0) ::kill(-r.pid, sig);
+  }
+}
+
+bool Supervisor::oom_kill_count_rose() const {
+  long now = read_oom_kills();
+  return oom_kills_at_start_ >= 0 && now > oom_kills_at_start_;
+}
+
+int Supervisor::exit_code() const {
+  if (failure_) return failure_->exit_code;
+  if (interrupted_by_) return 128 + interrupted_by_;
+  return 0;
+}
+
+}  // namespace nodal::launcher

@@ -1,0 +1,47 @@
+// The rank's view of its job: who it is and how many there are.
+#pragma once
+
+#include <string>
+
+namespace nodal {
+
+/// What nodal::init() returns. A cheap value: copy it freely.
+/// Names follow torchrun: rank is global, local_rank counts ranks on this node.
+class Context {
+ public:
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  int local_rank() const noexcept { return local_rank_; }
+  int local_world_size() const noexcept { return local_world_size_; }
+  /// The job's id (NODAL_JOB_ID); "singleton-<pid>" when started without nodalrun.
+  const std::string& job_id() const noexcept { return job_id_; }
+  /// True when nodalrun started this process, false for a singleton (rank 0 of 1).
+  bool launched() const noexcept { return launched_; }
+
+ private:
+  friend Context init();
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_world_size_ = 1;
+  std::string job_id_;
+  bool launched_ = false;
+};
+
+/// Joins the job this process belongs to and returns its Context.
+///
+/// - Under `nodalrun` it reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODAL_* from
+///   the environment. Started without nodalrun the process is rank 0 of 1 (a singleton).
+/// - It installs a terminate handler: an uncaught exception is reported (type, message, stack
+///   trace) to nodalrun, which names it in its failure report, and the rank exits with code 1
+///   (like an uncaught Python exception).
+/// - With `nodalrun --start-method forkserver` the program runs once as a zygote and this call
+///   forks the ranks: each child returns from init() as its rank, sharing copy-on-write all the
+///   zygote loaded before the call; the zygote itself never returns.
+///
+/// Calling it again returns the same Context.
+/// Throws UsageError when the environment is inconsistent (a RANK outside WORLD_SIZE, say) or
+/// when a forkserver zygote already runs threads (fork would copy only the calling thread).
+Context init();
+
+}  // namespace nodal

@@ -1,0 +1,23 @@
+// The environment contract between nodalrun and the ranks. Internal.
+// Public names are torchrun's (RANK, WORLD_SIZE, ...), so torch.distributed env:// code runs as is.
+#pragma once
+
+namespace nodal::detail {
+
+inline constexpr const char* kEnvRank = "RANK";
+inline constexpr const char* kEnvWorldSize = "WORLD_SIZE";
+inline constexpr const char* kEnvLocalRank = "LOCAL_RANK";
+inline constexpr const char* kEnvLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kEnvMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kEnvMasterPort = "MASTER_PORT";
+inline constexpr const char* kEnvJobId = "NODAL_JOB_ID";
+/// The ranks' end of the control socket pair (see control.hpp).
+inline constexpr const char* kEnvControlFd = "NODAL_CONTROL_FD";
+/// nodalrun's pid: a rank whose parent is not it any more knows the launcher died.
+inline constexpr const char* kEnvLauncherPid = "NODAL_LAUNCHER_PID";
+/// "forkserver" in the zygote of `nodalrun --start-method forkserver`.
+inline constexpr const char* kEnvStartMethod = "NODAL_START_METHOD";
+/// For the zygote: "out,err;out,err;..." the pipe fds of each rank's stdout and stderr.
+inline constexpr const char* kEnvForkserverFds = "NODAL_FORKSERVER_FDS";
+
+}  // namespace nodal::detail

@@ -1,0 +1,63 @@
+// The fork server behind nodal::spawn's StartMethod::forkserver. Internal.
+//
+// fork() copies only the calling thread, so a program that runs threads cannot fork safely. The
+// fork server is a copy of the program forked while it was still single-threaded; every
+// forkserver spawn asks it to fork the children from that clean copy, whatever threads the
+// program runs by then. Only a parent can wait for its children, so the server reports each
+// child's pid (with a pidfd, opened before the child can be reaped, so signals sent through it
+// never reach a process that reused the pid) and, later, its wait status.
+// The idea is Python's multiprocessing.forkserver; the difference is that ours is a fork of the
+// program, not a fresh interpreter, so a child can only run a function that existed when the
+// server started: a plain function pointer, valid in the server because it is a copy of us.
+#pragma once
+
+#include <sys/types.h>
+
+#include <mutex>
+#include <optional>
+
+namespace nodal::detail {
+
+/// What a child of the server runs (it never returns): the user's fn as `rank`, reporting an
+/// exception on control_fd (see control.hpp).
+using ForkServerEntry = void (*)(void (*fn)(int rank), int rank, int control_fd);
+
+/// The server's news about one child of a job: forked (with its pidfd) or exited.
+struct ForkServerEvent {
+  int rank = -1;
+  pid_t pid = -1;
+  int pidfd = -1;                  ///< forked: a pidfd of the child, now the caller's to close
+  std::optional<int> wait_status;  ///< exited: the status the server reaped (waitpid's format)
+};
+
+/// Flushes stdio and std::cout/std::cerr. Before a fork, so that the child does not write the
+/// parent's buffered output a second time; before a child's _exit, so that its output is not lost.
+void flush_stdio() noexcept;
+
+/// One job on the process's fork server: nprocs children running entry(fn, rank, control_fd).
+/// Starts the server first when none runs (see nodal::start_forkserver). Jobs run one at a time:
+/// a job holds the server until it is destroyed.
+class ForkServerJob {
+ public:
+  /// Throws UsageError when the server must start but threads run, nodal::Error when the server
+  /// died, std::system_error.
+  ForkServerJob(ForkServerEntry entry, void (*fn)(int rank), int nprocs, int control_fd);
+  /// When the job ends before every child was reported exited (an error in the caller), the
+  /// server would send that job's news to the next one, so it is retired instead: killed and
+  /// reaped, its children dying with it. The next job starts a new server.
+  ~ForkServerJob();
+  ForkServerJob(const ForkServerJob&) = delete;
+  ForkServerJob& operator=(const ForkServerJob&) = delete;
+
+  /// Readable (POLLIN) when the server has news.
+  int fd() const noexcept;
+  /// The next event, without blocking; nullopt when none is queued. Throws std::system_error when
+  /// the server could not fork a child, nodal::Error when the server died.
+  std::optional<ForkServerEvent> receive();
+
+ private:
+  std::unique_lock<std::mutex> lease_;
+  int pending_ = 0;  ///< children not yet reported exited
+};
+
+}  // namespace nodal::detail

@@ -1,0 +1,42 @@
+// Small POSIX helpers shared by the runtime, nodal::spawn and nodalrun. Internal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+namespace nodal::detail {
+
+/// Throws std::system_error(errno) whose message names the call that failed.
+[[noreturn]] void throw_errno(std::string_view call);
+
+/// Threads in this process (from /proc/self/status); fork() copies only the calling one.
+int thread_count();
+
+/// "SIGSEGV" for 11; "signal 99" when the number has no name.
+std::string signal_name(int sig);
+
+/// A wait status in words: "exited with code 3", "killed by SIGSEGV (core dumped)".
+std::string describe_wait_status(int status);
+
+/// The shell's convention: the exit code, or 128 + the signal number.
+int exit_code_of(int status);
+
+/// Sets or clears FD_CLOEXEC.
+void set_cloexec(int fd, bool on);
+
+/// In a freshly forked child: SIGKILL this process when its parent dies, and die at once if the
+/// parent is already gone (getppid() differs from expected_parent). Async-signal-safe.
+void die_with_parent(pid_t expected_parent) noexcept;
+
+/// Writes all of buf, retrying on EINTR and short writes. Returns false on error (EPIPE...).
+bool write_all(int fd, std::string_view buf) noexcept;
+
+/// Parses a non-negative decimal int; -1 when the text is not one.
+int parse_int(std::string_view text) noexcept;
+
+/// Reads an environment variable; empty when unset.
+std::string getenv_or_empty(const char* name);
+
+}  // namespace nodal::detail

@@ -1,0 +1,6 @@
+// The umbrella header: #include <nodal/nodal.hpp>.
+#pragma once
+
+#include <nodal/context.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/spawn.hpp>

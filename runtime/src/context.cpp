@@ -1,0 +1,154 @@
+#include <nodal/context.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/detail/control.hpp>
+#include <nodal/detail/environment.hpp>
+#include <nodal/detail/exception_report.hpp>
+#include <nodal/detail/posix.hpp>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace nodal {
+namespace {
+
+using namespace detail;
+
+/// An int from the environment: fallback when unset, UsageError when set but not a number.
+int env_int(const char* name, int fallback) {
+  std::string text = getenv_or_empty(name);
+  if (text.empty()) return fallback;
+  int value = parse_int(text);
+  if (value < 0) throw UsageError(fmt::format("nodal::init: {}='{}' is not a non-negative integer", name, text));
+  return value;
+}
+
+struct RankPipes {
+  int out;
+  int err;
+};
+
+std::vector<RankPipes> parse_forkserver_fds(const std::string& text) {
+  std::vector<RankPipes> pipes;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view item(text.data() + pos, end - pos);
+    std::size_t comma = item.find(',');
+    if (comma == std::string_view::npos) break;
+    pipes.push_back({parse_int(item.substr(0, comma)), parse_int(item.substr(comma + 1))});
+    pos = end + 1;
+  }
+  return pipes;
+}
+
+/// The zygote of `nodalrun --start-method forkserver`: forks the ranks and exits. Returns only
+/// in the children, each as its rank with RANK and LOCAL_RANK set. Why the zygote exits rather
+/// than waits: nodalrun is a child subreaper, so the ranks become its children and it reaps
+/// them (exit status, rusage) exactly as with the spawn start method.
+void fork_ranks_as_zygote() {
+  const int control_fd = env_int(kEnvControlFd, -1);
+  const int world_size = env_int(kEnvWorldSize, 1);
+  const pid_t launcher = env_int(kEnvLauncherPid, -1);
+  std::vector<RankPipes> pipes = parse_forkserver_fds(getenv_or_empty(kEnvForkserverFds));
+  auto refuse = [&](const std::string& why) {
+    send_control(control_fd, {ControlKind::zygote_error, -1, static_cast<int>(::getpid()), why});
+    std::_Exit(2);
+  };
+  if (static_cast<int>(pipes.size()) != world_size) {
+    refuse(fmt::format("{} lists {} ranks' pipes for WORLD_SIZE {}", kEnvForkserverFds, pipes.size(), world_size));
+  }
+  if (int threads = thread_count(); threads != 1) {
+    refuse(fmt::format(
+        "the program runs {} threads when it calls nodal::init(); fork would copy only one of them. "
+        "Start threads after nodal::init(), or use --start-method spawn",
+        threads));
+  }
+  // Buffered output would otherwise be written once per child.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+
+  int release[2];
+  if (::pipe2(release, O_CLOEXEC) < 0) refuse("pipe2 failed");
+  const pid_t zygote = ::getpid();
+  for (int rank = 0; rank < world_size; ++rank) {
+    pid_t pid = ::fork();
+    if (pid < 0) refuse(fmt::format("fork failed for rank {}: {}", rank, std::strerror(errno)));
+    if (pid == 0) {
+      ::close(release[1]);
+      ::setpgid(0, 0);
+      ::dup2(pipes[rank].out, STDOUT_FILENO);
+      ::dup2(pipes[rank].err, STDERR_FILENO);
+      for (const RankPipes& p : pipes) {
+        if (p.out > STDERR_FILENO) ::close(p.out);
+        if (p.err > STDERR_FILENO) ::close(p.err);
+      }
+      ::setenv(kEnvRank, std::to_string(rank).c_str(), 1);
+      ::setenv(kEnvLocalRank, std::to_string(rank).c_str(), 1);
+      ::unsetenv(kEnvStartMethod);
+      ::unsetenv(kEnvForkserverFds);
+      // Wait until the zygote is gone and nodalrun has adopted us, then die with nodalrun.
+      char byte;
+      while (::read(release[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      ::close(release[0]);
+      while (::getppid() == zygote) ::sched_yield();
+      die_with_parent(launcher);
+      return;
+    }
+    ::setpgid(pid, pid);  // also done by the child: whoever runs first wins the race
+    send_control(control_fd, {ControlKind::forked, rank, static_cast<int>(pid), {}});
+  }
+  std::_Exit(0);  // no atexit handlers, no destructors: the children own the program now
+}
+
+std::mutex g_mutex;
+std::optional<Context> g_context;
+
+}  // namespace
+
+Context init() {
+  std::lock_guard lock(g_mutex);
+  if (g_context) return *g_context;
+
+  if (getenv_or_empty(kEnvStartMethod) == "forkserver" && getenv_or_empty(kEnvRank).empty()) {
+    fork_ranks_as_zygote();
+  }
+
+  Context ctx;
+  ctx.world_size_ = env_int(kEnvWorldSize, 1);
+  ctx.rank_ = env_int(kEnvRank, 0);
+  ctx.local_rank_ = env_int(kEnvLocalRank, ctx.rank_);
+  ctx.local_world_size_ = env_int(kEnvLocalWorldSize, ctx.world_size_);
+  if (ctx.world_size_ < 1 || ctx.rank_ >= ctx.world_size_ || ctx.local_rank_ >= ctx.local_world_size_) {
+    throw UsageError(fmt::format("nodal::init: inconsistent environment: RANK={} WORLD_SIZE={} LOCAL_RANK={} "
+                                 "LOCAL_WORLD_SIZE={}",
+                                 ctx.rank_, ctx.world_size_, ctx.local_rank_, ctx.local_world_size_));
+  }
+  ctx.job_id_ = getenv_or_empty(kEnvJobId);
+  ctx.launched_ = !ctx.job_id_.empty();
+  if (!ctx.launched_) ctx.job_id_ = fmt::format("singleton-{}", ::getpid());
+
+  int control_fd = env_int(kEnvControlFd, -1);
+  if (control_fd >= 0) set_cloexec(control_fd, true);  // the rank's own children must not report
+  install_terminate_handler(control_fd, ctx.rank_);
+
+  g_context = ctx;
+  return ctx;
+}
+
+}  // namespace nodal

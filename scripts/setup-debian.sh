@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages nodal builds, tests and benchmarks with.
+# Idempotent: when every package is already installed it does nothing (no apt-get update).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libhwloc-dev
+  libboost1.81-dev libboost-stacktrace1.81-dev
+  libcli11-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libdlpack-dev libeigen3-dev
+  mpich openmpi-bin libgloo-dev
+  dataset-fashion-mnist
+  gnuplot-nox hyperfine
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "setup-debian: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,231 @@
+// nodalrun end to end: real ranks, real output, real environment.
+#include <gtest/gtest.h>
+
+#include <boost/json/src.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "../support/child_process.hpp"
+#include "../support/paths.hpp"
+
+namespace nodal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::map<int, std::map<std::string, std::string>> env_by_rank(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> result;
+  std::regex pattern(R"(^\[(\d+)\] ([A-Za-z_]+)=(.*)$)");
+  for (const std::string& line : lines_of(out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, pattern)) result[std::stoi(m[1])][m[2]] = m[3];
+  }
+  return result;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST(Launcher, NormalRunTagsEveryRankAndExitsZero) {
+  ChildResult r = run(nodalrun_command({"-n", "4", kRankProgram, "ok"}));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::set<int> seen;
+  std::regex pattern(R"(^\[(\d)\] rank (\d) of 4 local (\d)/4 job nodal-\d+-[0-9a-f]+$)");
+  for (const std::string& line : lines_of(r.out)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
+    EXPECT_EQ(m[1], m[2]);  // the tag is the rank that wrote the line
+    EXPECT_EQ(m[2], m[3]);
+    seen.insert(std::stoi(m[1]));
+  }
+  EXPECT_EQ(seen, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(r.err, "");  // no report for a clean run
+}
+
+TEST(Launcher, EnvironmentFollowsTorchrunAndPassesExports) {
+  ChildResult r = run(nodalrun_command({"-n", "2", "-x", "EXTRA_A=apple", "-x", "EXTRA_B", kRankProgram, "env"}),
+                      60s, {"EXTRA_B=from-the-launcher"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 2u);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(env[rank]["RANK"], std::to_string(rank));
+    EXPECT_EQ(env[rank]["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env[rank]["WORLD_SIZE"], "2");
+    EXPECT_EQ(env[rank]["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env[rank]["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env[rank]["EXTRA_A"], "apple");
+    EXPECT_EQ(env[rank]["EXTRA_B"], "from-the-launcher");
+    int port = std::stoi(env[rank]["MASTER_PORT"]);
+    EXPECT_GT(port, 0);
+    EXPECT_LT(port, 65536);
+  }
+  EXPECT_EQ(env[0]["MASTER_PORT"], env[1]["MASTER_PORT"]);
+  EXPECT_EQ(env[0]["NODAL_JOB_ID"], env[1]["NODAL_JOB_ID"]);
+}
+
+TEST(Launcher, BindsRanksToCoresOnlyWhenAskedOrWhileTheyFit) {
+  long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  auto cpus_of_rank0 = [](const std::vector<std::string>& args) {
+    ChildResult r = run(nodalrun_command(args));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string value = env_by_rank(r.out)[0]["cpus"];
+    return value.empty() ? -1 : std::stoi(value);
+  };
+  // Bound: one core (one CPU, or its hyperthreads), never the whole machine.
+  int bound = cpus_of_rank0({"-n", "1", "--bind-to", "core", kRankProgram, "env"});
+  ASSERT_GT(bound, 0);
+  if (cpus > 1) {
+    EXPECT_LT(bound, cpus);
+  }
+  // The default binds while ranks <= cores ...
+  if (cpus > 1) {
+    EXPECT_LT(cpus_of_rank0({"-n", "1", kRankProgram, "env"}), cpus);
+  }
+  // ... and leaves oversubscribed ranks free, like an explicit none.
+  EXPECT_EQ(cpus_of_rank0({"-n", std::to_string(2 * cpus + 1), kRankProgram, "env"}), cpus);
+  EXPECT_EQ(cpus_of_rank0({"-n", "1", "--bind-to", "none", kRankProgram, "env"}), cpus);
+}
+
+TEST(Launcher, HeavyOutputIsNeverInterleavedWithinALine) {
+  const int ranks = 8, lines = 3000;
+  ChildResult r = run(nodalrun_command({"-n", std::to_string(ranks), kRankProgram, "spam", std::to_string(lines)}),
+                      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex pattern(R"(^\[(\d+)\] line (\d+):(\d+):([a-z]*)$)");
+  std::map<int, int> next_index;
+  for (const std::string& line : lines_of(r.out)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << "mixed or broken line: " << line;
+    int tag = std::stoi(m[1]), rank = std::stoi(m[2]), index = std::stoi(m[3]);
+    ASSERT_EQ(tag, rank) << line;
+    ASSERT_EQ(index, next_index[rank]) << "lines of rank " << rank << " lost or reordered";
+    ASSERT_EQ(m[4].length(), static_cast<std::size_t>(index % 97)) << line;
+    ++next_index[rank];
+  }
+  ASSERT_EQ(next_index.size(), static_cast<std::size_t>(ranks));
+  for (auto [rank, count] : next_index) EXPECT_EQ(count, lines) << "rank " << rank;
+}
+
+TEST(Launcher, OutputDirHoldsEachRanksUntaggedStreams) {
+  std::string dir = temp_dir("nodal-outdir");
+  ChildResult r = run(nodalrun_command({"-n", "2", "--output-dir", dir, kRankProgram, "exit", "1", "10", "5"}));
+  EXPECT_EQ(r.exit_code, 5);
+  for (int rank : {0, 1}) {
+    std::ifstream out(dir + "/rank." + std::to_string(rank) + ".stdout");
+    std::string line;
+    ASSERT_TRUE(std::getline(out, line)) << "rank " << rank;
+    EXPECT_EQ(line.rfind("ready " + std::to_string(rank) + " ", 0), 0u) << line;
+  }
+  std::ifstream err(dir + "/rank.1.stderr");
+  std::stringstream content;
+  content << err.rdbuf();
+  EXPECT_EQ(content.str(), "rank 1 about to fail (exit)\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Launcher, SixtyFourRanksOnTwoCores) {
+  ChildResult r = run(nodalrun_command({"-n", "64", kRankProgram, "ok"}), 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> tags;
+  for (const std::string& line : lines_of(r.out)) tags.insert(line.substr(0, line.find(']') + 1));
+  EXPECT_EQ(tags.size(), 64u);
+  EXPECT_EQ(lines_of(r.out).size(), 64u);
+}
+
+TEST(Launcher, ReportFileHasPerRankWallTimeAndPeakRss) {
+  std::string dir = temp_dir("nodal-report");
+  std::string path = dir + "/report.json";
+  ChildResult r = run(nodalrun_command({"-n", "3", "--report", path, kRankProgram, "ok"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  boost::json::value report = boost::json::parse(text.str());
+  EXPECT_EQ(report.at("exit_code").as_int64(), 0);
+  EXPECT_EQ(report.at("world_size").as_int64(), 3);
+  EXPECT_TRUE(report.at("failure").is_null());
+  const auto& ranks = report.at("ranks").as_array();
+  ASSERT_EQ(ranks.size(), 3u);
+  for (const auto& rank : ranks) {
+    EXPECT_EQ(rank.at("exit_code").as_int64(), 0);
+    EXPECT_GT(rank.at("peak_rss_kib").as_int64(), 100);  // a C++ process touches more than 100 KiB
+    EXPECT_GT(rank.at("wall_time_s").as_double(), 0.0);
+    EXPECT_LT(rank.at("wall_time_s").as_double(), 60.0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Forkserver, RanksReturnFromInitWithTheirRank) {
+  ChildResult r = run(nodalrun_command({"-n", "4", "--start-method", "forkserver", kRankProgram, "ok"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex pattern(R"(^\[(\d)\] rank (\d) of 4 local (\d)/4 job .*$)");
+  std::set<int> seen;
+  for (const std::string& line : lines_of(r.out)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
+    EXPECT_EQ(m[1], m[2]);
+    seen.insert(std::stoi(m[1]));
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST(Forkserver, SharesWhatTheZygoteLoaded) {
+  for (const std::string method : {"forkserver", "spawn"}) {
+    std::string dir = temp_dir("nodal-zygote");
+    std::string log = dir + "/load.log";
+    ChildResult r = run(nodalrun_command({"-n", "3", "--start-method", method, kRankProgram, "zygote_load", log}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::regex pattern(R"(^\[(\d)\] rank \d table (0x[0-9a-f]+) sum (\d+) shared_kib (\d+)$)");
+    std::set<std::string> sums;
+    int ranks = 0;
+    for (const std::string& line : lines_of(r.out)) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
+      sums.insert(m[3]);
+      long shared_kib = std::stol(m[4]);
+      // forkserver: the 32 MiB table is one copy mapped by every rank; spawn: each built its own.
+      if (method == "forkserver") {
+        EXPECT_GE(shared_kib, 32 * 1024) << line;
+      } else {
+        EXPECT_LT(shared_kib, 1024) << line;
+      }
+      ++ranks;
+    }
+    EXPECT_EQ(ranks, 3);
+    EXPECT_EQ(sums.size(), 1u);
+    EXPECT_EQ(lines_of(r.out).size(), 3u);
+    std::ifstream file(log);
+    std::stringstream text;
+    text << file.rdbuf();
+    EXPECT_EQ(lines_of(text.str()).size(), method == "forkserver" ? 1u : 3u) << text.str();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(Forkserver, RefusesAZygoteThatRunsThreads) {
+  ChildResult r = run(nodalrun_command({"-n", "2", "--start-method", "forkserver", kRankProgram, "threads_before_init"}));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("runs 2 threads when it calls nodal::init()"), std::string::npos) << r.err;
+}
+
+TEST(Forkserver, RefusesAProgramThatNeverCallsInit) {
+  ChildResult r = run(nodalrun_command({"-n", "2", "--start-method", "forkserver", kRankProgram, "no_init"}));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("exited without calling nodal::init()"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace nodal::testing
