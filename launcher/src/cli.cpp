@@ -2,6 +2,7 @@
 
 #include <nodal/errors.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,8 +69,9 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
 
 std::string resolve_program(const std::string& program) {
   auto check = [](const std::string& path) -> int {  // 0 ok, else the would-be exit code
-    if (::access(path.c_str(), F_OK) != 0) return 127;
-    if (::access(path.c_str(), X_OK) != 0) return 126;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return 127;
+    if (!S_ISREG(st.st_mode) || ::access(path.c_str(), X_OK) != 0) return 126;  // a directory, or no x bit
     return 0;
   };
   if (program.find('/') != std::string::npos) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,17 @@ long shared_kib_of(const void* address) {
   return shared;
 }
 
+/// Waits until every rank has reached this point (a file per rank in dir; the runtime's own
+/// Barrier comes with the shared arena, and this test must not depend on it).
+void file_barrier(const std::string& dir, const std::string& name, const nodal::Context& ctx) {
+  std::ofstream(dir + "/" + name + "." + std::to_string(ctx.rank())) << "\n";
+  for (int r = 0; r < ctx.world_size(); ++r) {
+    while (!std::filesystem::exists(dir + "/" + name + "." + std::to_string(r))) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,10 +86,13 @@ int main(int argc, char** argv) {
     nodal::Context ctx = nodal::init();
     std::uint64_t sum = 0;
     for (std::size_t i = 0; i < bytes / 4; ++i) sum += table[i];
-    // Wait until every rank has read the table, so they all map it while we look at smaps.
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Every rank maps the table while any of them looks at smaps: meet before and after.
+    std::string dir = std::filesystem::path(argv[2]).parent_path().string();
+    file_barrier(dir, "read", ctx);
+    long shared = shared_kib_of(table);
+    file_barrier(dir, "looked", ctx);
     std::printf("rank %d table %p sum %llu shared_kib %ld\n", ctx.rank(), static_cast<void*>(table),
-                static_cast<unsigned long long>(sum), shared_kib_of(table));
+                static_cast<unsigned long long>(sum), shared);
     return 0;
   }
 
@@ -118,7 +133,11 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(arg_int(argc, argv, 3, 100)));
     std::fprintf(stderr, "rank %d about to fail (%s)\n", ctx.rank(), mode.c_str());
     if (mode == "exit") std::exit(arg_int(argc, argv, 4, 3));
-    if (mode == "segv") *static_cast<volatile int*>(nullptr) = 1;
+    if (mode == "segv") {
+      // A real invalid access (not a null store, which UBSan would catch first): a PROT_NONE page.
+      void* page = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      *static_cast<volatile int*>(page) = 1;
+    }
     throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " gave up: the flux capacitor is empty");
   }
   if (mode == "hang") sleep_forever();

@@ -1,0 +1,33 @@
+# Builds tests/packaging/consumer against nodal and runs it under nodalrun.
+#   MODE=find_package: install this build into a fresh prefix, then find_package(nodal) from it.
+#   MODE=add_subdirectory: build the consumer with nodal's source tree added as a subdirectory.
+# Inputs: MODE, SOURCE_DIR (nodal's source), BUILD_DIR (this build), WORK_DIR (scratch), NODALRUN,
+# CXX_FLAGS and LINK_FLAGS (the build's own, so a sanitized nodal links into a sanitized consumer).
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run_checked)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+if(MODE STREQUAL "find_package")
+  run_checked(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+  set(configure_args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+else()
+  set(configure_args -DNODAL_SOURCE_DIR=${SOURCE_DIR} -DNODAL_BUILD_TESTS=OFF -DNODAL_BUILD_EXAMPLES=OFF
+                     -DNODAL_BUILD_BENCH=OFF)
+endif()
+run_checked(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/packaging/consumer -B ${WORK_DIR}/build -G Ninja ${configure_args}
+            "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}")
+run_checked(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run_checked(${NODALRUN} -n 2 ${WORK_DIR}/build/consumer)
+foreach(rank 0 1)
+  if(NOT last_output MATCHES "\\[${rank}\\] consumer rank ${rank} of 2")
+    message(FATAL_ERROR "consumer under nodalrun printed:\n${last_output}")
+  endif()
+endforeach()
+message(STATUS "consumer via ${MODE}: ok")
