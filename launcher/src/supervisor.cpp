@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "cgroup.hpp"
 #include "launch.hpp"
 #include "report.hpp"
 
@@ -69,31 +70,6 @@ int free_port() {
   }
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-/// The memory cgroup's oom_kill counter (cgroup v2 memory.events, v1 memory.oom_control).
-long read_oom_kills() {
-  std::ifstream cgroups("/proc/self/cgroup");
-  std::string line;
-  std::vector<std::string> candidates;
-  while (std::getline(cgroups, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      candidates.push_back("/sys/fs/cgroup" + line.substr(3) + "/memory.events");
-      candidates.push_back("/sys/fs/cgroup/memory.events");
-    } else if (auto pos = line.find(":memory:"); pos != std::string::npos) {
-      candidates.push_back("/sys/fs/cgroup/memory" + line.substr(pos + 8) + "/memory.oom_control");
-      candidates.push_back("/sys/fs/cgroup/memory/memory.oom_control");
-    }
-  }
-  for (const std::string& path : candidates) {
-    std::ifstream file(path);
-    std::string key;
-    long value;
-    while (file >> key >> value) {
-      if (key == "oom_kill") return value;
-    }
-  }
-  return -1;
 }
 
 int make_timer() {
@@ -141,7 +117,7 @@ void Supervisor::watch(int fd, std::uint64_t tag) {
 void Supervisor::set_up() {
   started_ = Clock::now();
   job_id_ = make_job_id();
-  oom_kills_at_start_ = read_oom_kills();
+  oom_kills_at_start_ = read_oom_kill_count();
   placement_ = place_ranks(options_.nprocs, options_.bind_to);
 
   // Two pipes per rank stay open here: make room for 1024 ranks under a 1024-fd soft limit.
@@ -470,8 +446,12 @@ void Supervisor::on_child_exits() {
 
 void Supervisor::on_rank_exit(RankRecord& rank, int status) {
   if (status == 0) return;
+  // Our own SIGKILL (after the grace, or a second SIGINT) is how the job ended, not a new failure.
+  if (rank.killed_after_grace && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return;
   if (failure_ && failure_->rank == rank.rank && failure_->kind == FailureKind::exception) {
-    failure_->exit_code = exit_code_of(status);  // the report came first; now we know how it ended
+    // The report came first; the rank then exits 1 by itself (it is spared the SIGTERM), unless
+    // the terminate handler itself hung and the grace ran out.
+    if (WIFEXITED(status)) failure_->exit_code = WEXITSTATUS(status);
     return;
   }
   Failure failure;
@@ -528,12 +508,15 @@ void Supervisor::signal_all(int sig) {
   // children; kill() on an empty group fails with ESRCH, which is fine.
   if (zygote_pid_ > 0 && !zygote_reaped_) ::kill(-zygote_pid_, sig);
   for (const RankRecord& r : ranks_) {
+    // A rank that reported an uncaught exception is already on its way out with code 1; a SIGTERM
+    // now would only cut its report short. SIGKILL after the grace still reaches it.
+    if (sig == SIGTERM && !r.exception_report.empty() && !r.reaped) continue;
     if (r.pid > 0) ::kill(-r.pid, sig);
   }
 }
 
 bool Supervisor::oom_kill_count_rose() const {
-  long now = read_oom_kills();
+  long now = read_oom_kill_count();
   return oom_kills_at_start_ >= 0 && now > oom_kills_at_start_;
 }
 

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -83,14 +85,32 @@ TEST(Signals, SigintIsForwardedAndTheJobEndsWith130) {
 }
 
 TEST(Signals, ASecondSigintKillsRanksThatIgnoreTheFirst) {
-  ChildProcess launcher(nodalrun_command({"-n", "2", "--grace", "60", kRankProgram, "hang_ignore_term"}));
+  ChildProcess launcher(nodalrun_command({"-n", "2", "--grace", "60", kRankProgram, "hang_ignore_all"}));
   ASSERT_TRUE(launcher.wait_for_output(has_ready_lines(2), 30s));
-  launcher.send_signal(SIGTERM);  // ignored by the ranks; the 60 s grace would keep them
-  std::this_thread::sleep_for(200ms);
-  launcher.send_signal(SIGINT);   // first SIGINT: forwarded, the ranks die of it
-  ChildResult r = launcher.wait(10s);
-  ASSERT_FALSE(r.timed_out) << "ranks survived SIGINT: " << r.err;
-  EXPECT_TRUE(wait_until_gone(ready_pids(r.out), 100ms));
+  std::vector<pid_t> pids = ready_pids(launcher.out());
+  launcher.send_signal(SIGINT);  // forwarded and ignored; the 60 s grace would keep them running
+  launcher.wait_for_output([](const std::string&, const std::string&) { return false; }, 300ms);
+  for (pid_t pid : pids) EXPECT_TRUE(process_exists(pid, false)) << "the ranks ignore SIGINT";
+  auto start = std::chrono::steady_clock::now();
+  launcher.send_signal(SIGINT);
+  ChildResult r = launcher.wait(30s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "waited for the grace instead of killing";
+  EXPECT_EQ(r.exit_code, 130);
+  EXPECT_TRUE(contains(r.err, "second SIGINT: killing every rank now")) << r.err;
+  EXPECT_TRUE(wait_until_gone(pids, 100ms));
+}
+
+TEST(Signals, SigusrIsForwardedToEveryRank) {
+  ChildProcess launcher(nodalrun_command({"-n", "3", kRankProgram, "wait_usr1"}));
+  ASSERT_TRUE(launcher.wait_for_output(has_ready_lines(3), 30s));
+  launcher.send_signal(SIGUSR1);
+  ChildResult r = launcher.wait(30s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int rank : {0, 1, 2}) {
+    EXPECT_TRUE(contains(r.out, "[" + std::to_string(rank) + "] rank " + std::to_string(rank) + " got SIGUSR1")) << r.out;
+  }
 }
 
 class LauncherKilled : public ::testing::TestWithParam<std::string> {};
@@ -109,6 +129,56 @@ TEST_P(LauncherKilled, NoRankSurvivesSigkillOfTheLauncher) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, LauncherKilled, ::testing::Values("spawn", "forkserver"));
+
+/// A memory cgroup of the test's own with a small limit and no swap; removed on destruction.
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(long limit_bytes) {
+    namespace fs = std::filesystem;
+    std::string name = "nodal-oom-test-" + std::to_string(::getpid());
+    if (fs::exists("/sys/fs/cgroup/cgroup.controllers")) {  // v2
+      dir_ = "/sys/fs/cgroup/" + name;
+      if (!make() || !write("memory.max", limit_bytes)) return;
+      write("memory.swap.max", 0);
+    } else {  // v1
+      dir_ = "/sys/fs/cgroup/memory/" + name;
+      if (!make() || !write("memory.limit_in_bytes", limit_bytes)) return;
+      write("memory.memsw.limit_in_bytes", limit_bytes);  // absent without swap accounting: fine
+      write("memory.swappiness", 0);
+    }
+    usable_ = true;
+  }
+  ~MemoryCgroup() {
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  bool usable() const { return usable_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  bool make() { return ::mkdir(dir_.c_str(), 0755) == 0 || errno == EEXIST; }
+  bool write(const std::string& file, long value) {
+    std::ofstream out(dir_ + "/" + file);
+    out << value;
+    out.flush();
+    return static_cast<bool>(out);
+  }
+  std::string dir_;
+  bool usable_ = false;
+};
+
+TEST(Oom, ARankKilledByTheOomKillerIsNamedInTheReport) {
+  MemoryCgroup cgroup(128L << 20);
+  if (!cgroup.usable()) GTEST_SKIP() << "no writable memory cgroup here (needs root and cgroupfs): " << cgroup.dir();
+  // Enter the cgroup before exec, so nodalrun and its ranks are all inside it.
+  std::string script = "echo $$ > " + cgroup.dir() + "/cgroup.procs && exec \"$@\"";
+  std::vector<std::string> command = {"/bin/sh", "-c", script, "sh", kNodalrun, "-n", "2", kRankProgram, "eat_memory", "1"};
+  ChildResult r = run(command, 120s, {"ASAN_OPTIONS=allocator_may_return_null=1"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid")) << r.err;
+  EXPECT_TRUE(contains(r.err, "killed by SIGKILL")) << r.err;
+  EXPECT_TRUE(contains(r.err, "killed by the OOM killer")) << r.err;
+  EXPECT_TRUE(wait_until_gone(ready_pids(r.out), 1s));
+}
 
 TEST(BadInput, ClearErrorsAndNoRankStarted) {
   std::string marker = (std::filesystem::temp_directory_path() / ("nodal-marker-" + std::to_string(::getpid()))).string();

@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Blocked before init() so a forwarded SIGUSR1 cannot arrive before wait_usr1 waits for it.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  if (mode == "wait_usr1") pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   nodal::Context ctx = nodal::init();
   const int target = arg_int(argc, argv, 2, 0);
   if (mode == "ok") {
@@ -127,12 +132,22 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  // Ignore before announcing: a test signals as soon as it reads "ready".
+  if (mode == "hang_ignore_term") ::signal(SIGTERM, SIG_IGN);
+  if (mode == "hang_ignore_all") {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_IGN);
+  }
   announce(ctx);
-  if (mode == "exit" || mode == "segv" || mode == "throw") {
+  if (mode == "exit" || mode == "segv" || mode == "throw" || mode == "eat_memory") {
     if (ctx.rank() != target) sleep_forever();
     std::this_thread::sleep_for(std::chrono::milliseconds(arg_int(argc, argv, 3, 100)));
     std::fprintf(stderr, "rank %d about to fail (%s)\n", ctx.rank(), mode.c_str());
     if (mode == "exit") std::exit(arg_int(argc, argv, 4, 3));
+    while (mode == "eat_memory") {  // until the memory cgroup's OOM killer ends it
+      auto* block = static_cast<char*>(std::malloc(1 << 20));
+      if (!block) return 12;
+      std::memset(block, 1, 1 << 20);
+    }
     if (mode == "segv") {
       // A real invalid access (not a null store, which UBSan would catch first): a PROT_NONE page.
       void* page = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -141,10 +156,15 @@ int main(int argc, char** argv) {
     throw std::runtime_error("rank " + std::to_string(ctx.rank()) + " gave up: the flux capacitor is empty");
   }
   if (mode == "hang") sleep_forever();
-  if (mode == "hang_ignore_term") {
-    ::signal(SIGTERM, SIG_IGN);
-    sleep_forever();
+  if (mode == "hang_ignore_term" || mode == "hang_ignore_all") sleep_forever();
+  if (mode == "wait_usr1") {
+    // Exits 0 once SIGUSR1 arrives (forwarded by nodalrun); announce() ran with it blocked.
+    int sig = 0;
+    sigwait(&usr1, &sig);
+    std::printf("rank %d got %s\n", ctx.rank(), sig == SIGUSR1 ? "SIGUSR1" : "another signal");
+    return 0;
   }
+
   std::fprintf(stderr, "rank_program: unknown mode %s\n", mode.c_str());
   return 64;
 }
