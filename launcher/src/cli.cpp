@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include <nodal/errors.hpp>
+#include <nodal/detail/units.hpp>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,6 +45,17 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
   app.add_option("--grace", options.grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(CLI::NonNegativeNumber);
 
+  std::string shm_size = "1G";
+  app.add_option("--shm-size", shm_size, "the job's shared arena: at most SIZE (e.g. 512M, 4G), reserved as used")
+      ->capture_default_str();
+  const std::map<std::string, ShmStrategy> strategies{{"file_descriptor", ShmStrategy::file_descriptor},
+                                                      {"file_system", ShmStrategy::file_system}};
+  app.add_option("--shm-strategy", options.shm_strategy,
+                 "file_descriptor (memfd, default): nothing can leak; file_system: a file in --shm-dir others can "
+                 "attach by path, removed when the job ends")
+      ->transform(CLI::CheckedTransformer(strategies, CLI::ignore_case));
+  app.add_option("--shm-dir", options.shm_dir, "directory of the file_system strategy's arena")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -54,6 +66,11 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
+  }
+  try {
+    options.shm_size = detail::parse_bytes(shm_size);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("--shm-size: {}", e.what()));
   }
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());

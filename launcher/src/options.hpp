@@ -1,6 +1,9 @@
 // What the nodalrun command line asks for.
 #pragma once
 
+#include <nodal/arena.hpp>
+
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +26,10 @@ struct Options {
   std::optional<std::string> report_path;
   double timeout_seconds = 0;  ///< 0: none
   double grace_seconds = 5;
+  /// The job arena's size: an upper bound, reserved page by page as ranks allocate.
+  std::size_t shm_size = std::size_t{1} << 30;
+  ShmStrategy shm_strategy = ShmStrategy::file_descriptor;
+  std::string shm_dir = "/dev/shm";  ///< where the file_system strategy puts the arena
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

@@ -148,6 +148,13 @@ void Supervisor::set_up() {
   watch(timeout_fd_, kTagTimeout);
   watch(grace_fd_, kTagGrace);
 
+  std::string arena_path;
+  if (options_.shm_strategy == ShmStrategy::file_system) {
+    arena_path = fmt::format("{}/{}", options_.shm_dir, job_id_);
+    shm_guard_ = std::make_unique<ShmGuard>(arena_path);  // before the file exists: no window to leak it
+  }
+  arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path);
+
   if (options_.output_dir) {
     if (::mkdir(options_.output_dir->c_str(), 0777) < 0 && errno != EEXIST) {
       throw_errno(fmt::format("mkdir({})", *options_.output_dir));
@@ -163,7 +170,8 @@ void Supervisor::set_up() {
 std::vector<std::string> Supervisor::base_environment() const {
   static const std::set<std::string> ours = {kEnvRank,       kEnvWorldSize,       kEnvLocalRank,    kEnvLocalWorldSize,
                                              kEnvMasterAddr, kEnvMasterPort,      kEnvJobId,        kEnvControlFd,
-                                             kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds};
+                                             kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds,
+                                             kEnvArenaFd,     kEnvArenaPath};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
@@ -185,6 +193,8 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvJobId, job_id_);
   set(kEnvControlFd, std::to_string(rank_control_fd_));
   set(kEnvLauncherPid, std::to_string(::getpid()));
+  set(kEnvArenaFd, std::to_string(arena_->fd()));
+  if (shm_guard_) set(kEnvArenaPath, fmt::format("{}/{}", options_.shm_dir, job_id_));
   return env;
 }
 
@@ -227,6 +237,7 @@ void Supervisor::start_spawn() {
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
     spec.cpuset = rank.cpuset ? &*rank.cpuset : nullptr;
+    spec.inherit_fds = {arena_->fd()};
     rank.started = Clock::now();
     rank.pid = launch(spec);
     ::close(write_ends[rank.rank].first);
@@ -247,6 +258,7 @@ void Supervisor::start_forkserver() {
     spec.inherit_fds.push_back(out);
     spec.inherit_fds.push_back(err);
   }
+  spec.inherit_fds.push_back(arena_->fd());
   env.push_back(fmt::format("{}=forkserver", kEnvStartMethod));
   env.push_back(fmt::format("{}={}", kEnvForkserverFds, fd_list));
   spec.program = program_;
@@ -491,7 +503,14 @@ void Supervisor::on_zygote_exit(int status) {
 }
 
 void Supervisor::record_failure(Failure failure) {
-  if (!failure_) failure_ = std::move(failure);
+  if (!failure_) {
+    failure_ = std::move(failure);
+    // Ranks blocked in nodal calls see this within a futex slice and throw PeerFailure.
+    ArenaControl& control = arena_->control();
+    control.failed_rank = failure_->rank;
+    fmt::format_to_n(control.failure, sizeof control.failure - 1, "{}", failure_->detail);
+    control.abort.store(1, std::memory_order_release);
+  }
   stop_ranks();
 }
 

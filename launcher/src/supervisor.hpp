@@ -1,6 +1,9 @@
 // nodalrun's core: start the ranks, watch them in one event loop, stop them on the first failure.
 #pragma once
 
+#include <nodal/arena.hpp>
+
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,6 +11,7 @@
 #include "job.hpp"
 #include "options.hpp"
 #include "placement.hpp"
+#include "shm_guard.hpp"
 
 namespace nodal::launcher {
 
@@ -71,6 +75,8 @@ class Supervisor {
   int rank_control_fd_ = -1;  ///< the ranks' end
   int timeout_fd_ = -1;
   int grace_fd_ = -1;
+  std::unique_ptr<ShmGuard> shm_guard_;  ///< file_system strategy only; declared before the arena
+  std::unique_ptr<Arena> arena_;
 };
 
 }  // namespace nodal::launcher

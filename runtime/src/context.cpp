@@ -1,9 +1,11 @@
+#include <nodal/arena.hpp>
 #include <nodal/context.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/detail/control.hpp>
 #include <nodal/detail/environment.hpp>
 #include <nodal/detail/exception_report.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/storage.hpp>
 
 #include <fcntl.h>
 #include <sched.h>
@@ -143,6 +145,8 @@ Context init() {
   ctx.launched_ = !ctx.job_id_.empty();
   if (!ctx.launched_) ctx.job_id_ = fmt::format("singleton-{}", ::getpid());
 
+  if (int arena_fd = env_int(kEnvArenaFd, -1); arena_fd >= 0) set_job_arena(Arena::attach(arena_fd));
+
   int control_fd = env_int(kEnvControlFd, -1);
   if (control_fd >= 0) set_cloexec(control_fd, true);  // the rank's own children must not report
   install_terminate_handler(control_fd, ctx.rank_);
@@ -150,5 +154,7 @@ Context init() {
   g_context = ctx;
   return ctx;
 }
+
+Arena& Context::arena() const { return detail::job_arena(); }
 
 }  // namespace nodal

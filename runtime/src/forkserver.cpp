@@ -93,8 +93,9 @@ ssize_t receive_message(int socket, void* data, std::size_t size, int& fd, int f
 /// Forks the job's children, reports each, then reaps them and reports each exit. Exits when
 /// the program is gone or a child cannot be started (the children die with the server).
 void run_job(int socket, const Request& request, int control_fd, const struct sigaction& program_sigint) {
-  const auto entry = reinterpret_cast<ForkServerEntry>(request.entry);
-  const auto fn = reinterpret_cast<void (*)(int)>(request.fn);
+  // The addresses came from the program, of which the server is a fork.
+  const auto entry = reinterpret_cast<ForkServerEntry>(request.entry);  // NOLINT(performance-no-int-to-ptr)
+  const auto fn = reinterpret_cast<void (*)(int)>(request.fn);          // NOLINT(performance-no-int-to-ptr)
   const pid_t server = ::getpid();
   auto reply = [socket](Reply news, int fd = -1) {
     if (!send_message(socket, &news, sizeof news, fd)) ::_exit(0);
@@ -143,9 +144,9 @@ void run_job(int socket, const Request& request, int control_fd, const struct si
   // Ctrl-C reaches the whole foreground process group. What an interrupt means is the program's
   // business; the server must outlive it (Python's forkserver ignores SIGINT too). Its children
   // get the program's disposition back.
-  struct sigaction ignore{};
+  struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
-  struct sigaction program_sigint{};
+  struct sigaction program_sigint {};
   ::sigaction(SIGINT, &ignore, &program_sigint);
   for (;;) {
     Request request{};
@@ -197,9 +198,10 @@ int retire_server_locked() {
 Error server_lost() {
   const pid_t pid = g_server.pid;
   const int status = retire_server_locked();
-  return Error(fmt::format("nodal::spawn: the fork server (pid {}) {} and its children died with it; the next "
-                           "forkserver spawn starts a new server if the program then runs one thread",
-                           pid, describe_wait_status(status)));
+  return Error(
+      fmt::format("nodal::spawn: the fork server (pid {}) {} and its children died with it; the next "
+                  "forkserver spawn starts a new server if the program then runs one thread",
+                  pid, describe_wait_status(status)));
 }
 
 /// Starts the server unless one runs. The caller holds g_server.mutex.

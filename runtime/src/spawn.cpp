@@ -105,9 +105,7 @@ std::atomic<int> g_spawn_calls{0};
 }
 
 /// ForkServerEntry: what a child of the fork server runs.
-[[noreturn]] void run_forkserver_rank(void (*fn)(int), int rank, int control_fd) {
-  run_rank(fn, rank, control_fd);
-}
+[[noreturn]] void run_forkserver_rank(void (*fn)(int), int rank, int control_fd) { run_rank(fn, rank, control_fd); }
 
 /// What a child re-executed by StartMethod::spawn must do (call == 0 in any other process).
 struct SpawnedChild {
@@ -138,8 +136,7 @@ SpawnedChild read_spawned_child() {
   const std::string call = getenv_or_empty(kEnvSpawnCall);
   if (call.empty()) return {};
   const SpawnedChild child{parse_int(call), parse_int(getenv_or_empty(kEnvSpawnRank)),
-                           parse_int(getenv_or_empty(kEnvSpawnNprocs)),
-                           parse_int(getenv_or_empty(kEnvSpawnControlFd))};
+                           parse_int(getenv_or_empty(kEnvSpawnNprocs)), parse_int(getenv_or_empty(kEnvSpawnControlFd))};
   for (const char* name : {kEnvSpawnCall, kEnvSpawnRank, kEnvSpawnNprocs, kEnvSpawnControlFd}) ::unsetenv(name);
   if (child.call < 1 || child.rank < 0 || child.nprocs < 1 || child.control_fd < 0) {
     write_all(STDERR_FILENO, "nodal::spawn: malformed NODAL_SPAWN_* variables in the environment\n");
@@ -272,15 +269,16 @@ class OwnExits final : public ExitFeed {
   void collect(std::vector<ChildEvent>& exits) override {
     children_.for_each_running([&](int rank, pid_t pid, int) {
       int status = 0;
-      pid_t reaped;
+      pid_t reaped = -1;
       do {
         reaped = ::waitpid(pid, &status, WNOHANG);
       } while (reaped < 0 && errno == EINTR);
       if (reaped == pid) exits.push_back({rank, pid, std::nullopt, status});
       if (reaped < 0) {
-        throw Error(fmt::format("nodal::spawn: rank {} (pid {}) was reaped by someone else, so its exit status is "
-                                "lost (is SIGCHLD ignored, or does a thread call waitpid(-1)?)",
-                                rank, pid));
+        throw Error(
+            fmt::format("nodal::spawn: rank {} (pid {}) was reaped by someone else, so its exit status is "
+                        "lost (is SIGCHLD ignored, or does a thread call waitpid(-1)?)",
+                        rank, pid));
       }
     });
   }
@@ -456,8 +454,7 @@ void spawn_by_exec(int call, int nprocs, Fd ranks_end, int control_fd, std::chro
   join(feed, children, control_fd, grace);
 }
 
-void spawn_by_forkserver(void (*fn)(int), int nprocs, Fd ranks_end, int control_fd,
-                         std::chrono::milliseconds grace) {
+void spawn_by_forkserver(void (*fn)(int), int nprocs, Fd ranks_end, int control_fd, std::chrono::milliseconds grace) {
   ForkServerJob job(&run_forkserver_rank, fn, nprocs, ranks_end.get());
   ranks_end.reset();
   Children children(nprocs, /*own=*/false);  // destroyed before the job: kill, then retire

@@ -5,6 +5,8 @@
 
 namespace nodal {
 
+class Arena;
+
 /// What nodal::init() returns. A cheap value: copy it freely.
 /// Names follow torchrun: rank is global, local_rank counts ranks on this node.
 class Context {
@@ -17,6 +19,8 @@ class Context {
   const std::string& job_id() const noexcept { return job_id_; }
   /// True when nodalrun started this process, false for a singleton (rank 0 of 1).
   bool launched() const noexcept { return launched_; }
+  /// The job's shared arena (nodalrun's --shm-size), or this process's own when it is a singleton.
+  Arena& arena() const;
 
  private:
   friend Context init();
@@ -32,6 +36,7 @@ class Context {
 ///
 /// - Under `nodalrun` it reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODAL_* from
 ///   the environment. Started without nodalrun the process is rank 0 of 1 (a singleton).
+/// - It maps the job's shared arena (tensors, queues and locks live there).
 /// - It installs a terminate handler: an uncaught exception is reported (type, message, stack
 ///   trace) to nodalrun, which names it in its failure report, and the rank exits with code 1
 ///   (like an uncaught Python exception).
@@ -40,7 +45,7 @@ class Context {
 ///   zygote loaded before the call; the zygote itself never returns.
 ///
 /// Calling it again returns the same Context.
-/// Throws UsageError when the environment is inconsistent (a RANK outside WORLD_SIZE, say) or
+/// Throws ShmError when the arena cannot be mapped, UsageError when the environment is inconsistent (a RANK outside WORLD_SIZE, say) or
 /// when a forkserver zygote already runs threads (fork would copy only the calling thread).
 Context init();
 

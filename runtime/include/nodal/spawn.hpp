@@ -10,14 +10,18 @@ namespace nodal {
 /// How nodal::spawn makes its children (torch.multiprocessing's start methods).
 enum class StartMethod {
   /// Re-execute this program (/proc/self/exe, same argv and environment). The child runs main()
-  /// again up to the same nodal::spawn call (counted in program order), runs fn(rank) there and
-  /// exits; earlier nodal::spawn calls return at once in the child. Safe with threads. Like
-  /// Python's spawn, the code before the call must reach it the same way in the child.
+  /// again up to the same nodal::spawn call (counted in program order: the calls that passed the
+  /// argument checks), runs fn(rank) there and exits; earlier nodal::spawn calls return at once in
+  /// the child. Safe with threads. Like Python's spawn, the code before the call must reach it the
+  /// same way in the child; a child that ends without reaching it fails as ProcessRaisedError.
+  /// The child inherits stdin, stdout and stderr, no other descriptor. Not available inside
+  /// another call's fn (the child could not replay its way there): UsageError.
   spawn,
   /// Fork from a single-threaded fork server started before the program's threads
   /// (nodal::start_forkserver(), or the first forkserver spawn while still single-threaded).
-  /// fn must be a plain function pointer: the server cannot see closures made after it started
-  /// (Python's forkserver needs a picklable function for the same reason).
+  /// fn must hold a plain function pointer (a function, or a captureless lambda converted with
+  /// unary +): the server cannot see closures made after it started (Python's forkserver needs a
+  /// picklable function for the same reason). Forkserver spawns run one at a time.
   forkserver,
   /// fork() this process directly. Refused with UsageError when the caller runs threads.
   fork,
@@ -36,8 +40,13 @@ struct SpawnOptions {
 /// - ProcessRaisedError (the child's rank, exception type, message, stack) when fn threw, or
 /// - ProcessExitedError (the child's rank and exit code or signal) when a child exited non-zero
 ///   or died by a signal.
-/// Children die with the parent (PR_SET_PDEATHSIG). Throws UsageError for nprocs < 1, for fork
-/// with threads running, or for forkserver with a closure.
+/// The child's report has its stack as it was where nodal::spawn caught the exception. A child
+/// exits with _exit after fn, flushing stdio first: the caller's atexit handlers and static
+/// destructors run in the parent only. Children die with the parent (PR_SET_PDEATHSIG), and
+/// every child is reaped before spawn returns or throws.
+/// Throws UsageError for nprocs < 1, an empty fn, fork with threads running, forkserver with a
+/// closure or with no server and threads running; std::system_error when a child cannot be
+/// started (fork, pidfd_open), nodal::Error when the fork server died.
 void spawn(const std::function<void(int rank)>& fn, int nprocs, const SpawnOptions& options = {});
 
 /// Starts the process-wide fork server used by StartMethod::forkserver. Call it at the top of

@@ -13,6 +13,10 @@ inline constexpr const char* kEnvMasterPort = "MASTER_PORT";
 inline constexpr const char* kEnvJobId = "NODAL_JOB_ID";
 /// The ranks' end of the control socket pair (see control.hpp).
 inline constexpr const char* kEnvControlFd = "NODAL_CONTROL_FD";
+/// The job arena's descriptor (see arena.hpp), inherited by every rank.
+inline constexpr const char* kEnvArenaFd = "NODAL_ARENA_FD";
+/// The arena's path with the file_system strategy, for processes nodalrun did not start.
+inline constexpr const char* kEnvArenaPath = "NODAL_ARENA_PATH";
 /// nodalrun's pid: a rank whose parent is not it any more knows the launcher died.
 inline constexpr const char* kEnvLauncherPid = "NODAL_LAUNCHER_PID";
 /// "forkserver" in the zygote of `nodalrun --start-method forkserver`.

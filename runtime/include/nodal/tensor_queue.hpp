@@ -1,0 +1,67 @@
+// nodal::TensorQueue: a named, bounded, multi-producer multi-consumer queue of tensors between
+// the processes of a job. A tensor in the shared arena travels as an offset (zero-copy); a
+// private one is moved into the arena once. The idea is torch.multiprocessing.Queue's; unlike
+// torch, a received tensor may be put on another queue.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nodal/tensor.hpp>
+
+namespace nodal {
+
+namespace detail {
+struct QueueState;
+}
+
+/// One message: a tensor (may be undefined, for a pure message) and small metadata.
+struct QueueItem {
+  Tensor tensor;
+  std::int64_t index = 0;  ///< e.g. a batch number
+  std::int64_t label = 0;  ///< e.g. a class or a tag
+  std::string text;        ///< at most TensorQueue::kMaxText bytes
+};
+
+class TensorQueue {
+ public:
+  static constexpr std::size_t kMaxText = 96;
+
+  /// The job's queue called `name`, holding at most `capacity` items; created by the first
+  /// opener in any process. Throws UsageError when it exists with another capacity or when
+  /// capacity is 0, ShmError when the arena has no room.
+  static TensorQueue open(const std::string& name, std::size_t capacity = 64);
+
+  /// Appends an item, waiting while the queue is full. The tensor's storage is shared, not
+  /// copied: a private tensor is first moved into the arena (Tensor::share_memory(), which the
+  /// caller's tensor sees too), a file-backed one is copied into the arena. The consumer sees the
+  /// same bytes: writes after put() are visible to it (no snapshot).
+  /// Throws UsageError on a closed queue, a text longer than kMaxText, or a tensor with more than
+  /// Tensor::kMaxDims dimensions; TimeoutError; PeerFailure when the job has failed.
+  void put(QueueItem item, std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
+  void put(const Tensor& tensor, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
+    put(QueueItem{tensor, 0, 0, {}}, timeout);
+  }
+
+  /// The oldest item, waiting while the queue is empty. nullopt once the queue is closed and
+  /// drained (end of stream). Throws TimeoutError, PeerFailure.
+  std::optional<QueueItem> get(std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
+  /// The oldest item, or nullopt at once when there is none (closed() tells whether more can come).
+  std::optional<QueueItem> try_get();
+
+  /// No more puts; consumers drain what is queued and then get nullopt. Idempotent.
+  void close();
+  bool closed() const;
+  /// Items queued now (a snapshot).
+  std::size_t size() const;
+  std::size_t capacity() const;
+
+ private:
+  explicit TensorQueue(detail::QueueState* state) : state_(state) {}
+  detail::QueueState* state_;
+};
+
+}  // namespace nodal

@@ -1,0 +1,236 @@
+#include <nodal/arena.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/units.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <boost/interprocess/managed_external_buffer.hpp>
+#include <fmt/format.h>
+
+namespace nodal {
+namespace {
+
+namespace bip = boost::interprocess;
+
+constexpr std::size_t kPage = 4096;
+/// ArenaControl lives in the first page; Boost's segment manager starts after it.
+constexpr std::size_t kControlBytes = kPage;
+/// Reserved at creation: the control page and the segment manager's own bookkeeping.
+constexpr std::size_t kHeaderReserve = 256 * 1024;
+
+std::size_t align_down(std::size_t value, std::size_t alignment) { return value / alignment * alignment; }
+std::size_t align_up(std::size_t value, std::size_t alignment) { return align_down(value + alignment - 1, alignment); }
+
+/// Memory the kernel can still give to shared memory, in bytes: MemAvailable for a memfd arena
+/// (shmem is charged to memory, not to /dev/shm), the free space of the directory otherwise.
+std::size_t available_bytes(const std::string& directory) {
+  if (!directory.empty()) {
+    struct statvfs fs {};
+    if (::statvfs(directory.c_str(), &fs) == 0) return static_cast<std::size_t>(fs.f_bavail) * fs.f_frsize;
+    return 0;
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string directory_of(int fd) {
+  // A file_system arena's directory, from the descriptor; empty for a memfd.
+  char link[64];
+  char target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = ::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return {};
+  std::string path(target, static_cast<std::size_t>(n));
+  if (path.rfind("/memfd:", 0) == 0) return {};
+  return path.substr(0, path.rfind('/'));
+}
+
+[[noreturn]] void throw_shm(const std::string& what) { throw ShmError(what); }
+
+}  // namespace
+
+/// Boost's managed_external_buffer typedef uses null_mutex_family (one process only); ours locks
+/// with process-shared, robust mutexes, since every rank allocates.
+using SharedBuffer = bip::basic_managed_external_buffer<char, bip::rbtree_best_fit<bip::mutex_family>, bip::iset_index>;
+
+struct Arena::Segment {
+  SharedBuffer buffer;
+};
+
+Arena::Arena(int fd, std::byte* base, std::size_t size, bool create) : fd_(fd), base_(base), size_(size) {
+  segment_ = std::make_unique<Segment>();
+  try {
+    if (create) {
+      segment_->buffer = SharedBuffer(bip::create_only, base + kControlBytes, size - kControlBytes);
+    } else {
+      segment_->buffer = SharedBuffer(bip::open_only, base + kControlBytes, size - kControlBytes);
+    }
+  } catch (const std::exception& e) {
+    // The caller still owns fd (and unlinks a file it created).
+    ::munmap(base_, size_);
+    base_ = nullptr;
+    fd_ = -1;
+    throw_shm(fmt::format("cannot set up the shared arena ({}): {}", detail::format_bytes(size), e.what()));
+  }
+}
+
+Arena::~Arena() {
+  segment_.reset();
+  if (base_) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, const std::string& path) {
+  bytes = align_up(std::max(bytes, kHeaderReserve * 2), kPage);
+  int fd = -1;
+  std::string directory;
+  if (strategy == ShmStrategy::file_descriptor) {
+    fd = ::memfd_create("nodal-arena", MFD_CLOEXEC);
+    if (fd < 0) throw_shm(fmt::format("memfd_create failed: {}", std::strerror(errno)));
+  } else {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw_shm(fmt::format("cannot create the shared arena {}: {}", path, std::strerror(errno)));
+    directory = path.substr(0, path.rfind('/'));
+  }
+  auto fail = [&](const std::string& why) {
+    ::close(fd);
+    if (!path.empty()) ::unlink(path.c_str());
+    throw_shm(why);
+  };
+  std::size_t available = available_bytes(directory);
+  if (bytes > available) {
+    fail(fmt::format("the shared arena needs {} but {} has {}: lower --shm-size or free {}", detail::format_bytes(bytes),
+                     directory.empty() ? "memory" : directory, detail::format_bytes(available),
+                     directory.empty() ? "memory" : directory));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) < 0) fail(fmt::format("ftruncate: {}", std::strerror(errno)));
+  if (int rc = ::posix_fallocate(fd, 0, kHeaderReserve); rc != 0) {
+    fail(fmt::format("cannot reserve the shared arena's first {}: {}", detail::format_bytes(kHeaderReserve), std::strerror(rc)));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) fail(fmt::format("mmap of the shared arena ({}): {}", detail::format_bytes(bytes), std::strerror(errno)));
+  auto* control = new (base) ArenaControl{};
+  control->magic = ArenaControl::kMagic;
+  control->size = bytes;
+  control->failed_rank = -1;
+  try {
+    return std::unique_ptr<Arena>(new Arena(fd, static_cast<std::byte*>(base), bytes, true));
+  } catch (const ShmError& e) {
+    fail(e.what());
+    throw;  // not reached: fail throws
+  }
+}
+
+std::unique_ptr<Arena> Arena::attach(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) < 0) throw_shm(fmt::format("the inherited arena descriptor {} is not open: {}", fd, std::strerror(errno)));
+  auto bytes = static_cast<std::size_t>(st.st_size);
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) throw_shm(fmt::format("mmap of the shared arena ({}): {}", detail::format_bytes(bytes), std::strerror(errno)));
+  auto* control = static_cast<ArenaControl*>(base);
+  if (bytes < kHeaderReserve || control->magic != ArenaControl::kMagic || control->size != bytes) {
+    ::munmap(base, bytes);
+    throw_shm(fmt::format("descriptor {} does not hold a nodal arena", fd));
+  }
+  detail::set_cloexec(fd, true);
+  return std::unique_ptr<Arena>(new Arena(fd, static_cast<std::byte*>(base), bytes, false));  // owns fd from here
+}
+
+std::unique_ptr<Arena> Arena::attach(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw_shm(fmt::format("cannot open the shared arena {}: {}", path, std::strerror(errno)));
+  try {
+    return attach(fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+void Arena::reserve_pages(const void* pointer, std::size_t bytes) {
+  // From the page holding the allocator's block header to one page past the end, where the
+  // header of the next free block goes.
+  std::size_t first = align_down(offset_of(pointer) - std::min<std::size_t>(offset_of(pointer), 64), kPage);
+  std::size_t last = std::min(size_, align_up(offset_of(pointer) + bytes, kPage) + kPage);
+  int rc = ::posix_fallocate(fd_, static_cast<off_t>(first), static_cast<off_t>(last - first));
+  if (rc == 0) return;
+  std::size_t available = available_bytes(directory_of(fd_));
+  throw_shm(fmt::format("need {} of shared memory for an allocation, but {} has {} ({}): free memory, "
+                        "or with the file_system strategy make its directory larger",
+                        detail::format_bytes(bytes), directory_of(fd_).empty() ? "the machine" : directory_of(fd_),
+                        detail::format_bytes(available), std::strerror(rc)));
+}
+
+void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kPage) {
+    throw UsageError(fmt::format("Arena::allocate: alignment {} is not a power of two up to 4096", alignment));
+  }
+  void* p = segment_->buffer.allocate_aligned(std::max<std::size_t>(bytes, 1), alignment, std::nothrow);
+  if (!p) {
+    throw_shm(fmt::format("the shared arena is full: need {}, {} free of {}: raise nodalrun --shm-size",
+                          detail::format_bytes(bytes), detail::format_bytes(free_bytes()), detail::format_bytes(size_)));
+  }
+  try {
+    reserve_pages(p, bytes);
+  } catch (...) {
+    segment_->buffer.deallocate(p);
+    throw;
+  }
+  return p;
+}
+
+void Arena::deallocate(void* pointer) noexcept {
+  // The pages stay reserved: the next tensor of that size reuses them without faulting them in
+  // again (the one-copy path is then a plain memcpy). They go back to the kernel with the arena.
+  if (pointer) segment_->buffer.deallocate(pointer);
+}
+
+std::size_t Arena::free_bytes() const { return segment_->buffer.get_free_memory(); }
+
+void* Arena::find_or_create(const char* name, std::size_t bytes, std::size_t alignment,
+                            const std::function<void(void*)>& construct) {
+  if (alignment > 64) throw UsageError(fmt::format("Arena::find_or_create({}): alignment {} above 64", name, alignment));
+  void* result = nullptr;
+  std::size_t padded = bytes + 64;  // named blocks are 16-aligned; cache-line align inside them
+  auto body = [&] {
+    auto [found, count] = segment_->buffer.find<std::byte>(name);
+    std::byte* block = found;
+    if (!block) {
+      block = segment_->buffer.construct<std::byte>(name, std::nothrow)[padded](std::byte{0});
+      if (!block) return;
+      reserve_pages(block, padded);
+      result = reinterpret_cast<std::byte*>(align_up(reinterpret_cast<std::size_t>(block), 64));
+      construct(result);
+      return;
+    }
+    if (count != padded) {
+      throw UsageError(fmt::format("the shared object '{}' exists with another type or size ({} bytes, not {})", name,
+                                   count - 64, bytes));
+    }
+    result = reinterpret_cast<std::byte*>(align_up(reinterpret_cast<std::size_t>(block), 64));
+  };
+  segment_->buffer.get_segment_manager()->atomic_func(body);
+  if (!result) {
+    throw_shm(fmt::format("the shared arena is full: need {} for '{}', {} free: raise nodalrun --shm-size",
+                          detail::format_bytes(padded), name, detail::format_bytes(free_bytes())));
+  }
+  return result;
+}
+
+}  // namespace nodal

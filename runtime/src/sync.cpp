@@ -1,0 +1,144 @@
+#include <nodal/arena.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/sync.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/detail/wait.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+namespace nodal {
+namespace detail {
+
+struct LockState {
+  WaitWord word;
+  std::atomic<std::uint32_t> locked{0};
+  std::atomic<std::int32_t> owner{0};  ///< pid of the holder, 0 when free
+};
+
+struct EventState {
+  WaitWord word;
+  std::atomic<std::uint32_t> flag{0};
+};
+
+struct BarrierState {
+  explicit BarrierState(int n) : parties(n) {}
+  WaitWord word;
+  std::atomic<std::uint32_t> arrived{0};
+  std::atomic<std::uint32_t> generation{0};
+  const int parties;
+};
+
+namespace {
+
+/// Names are per kind, so a Lock and an Event may share one.
+std::string object_name(const std::string& kind, const std::string& name) { return kind + ":" + name; }
+
+bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+}  // namespace
+
+void* open_locked_block(const std::string& kind, const std::string& name, std::size_t bytes, const void* initial,
+                        LockState** lock) {
+  // [LockState][pad to 64][data]
+  constexpr std::size_t kDataOffset = 64;
+  static_assert(sizeof(LockState) <= kDataOffset);
+  void* block = job_arena().find_or_create(object_name(kind, name).c_str(), kDataOffset + bytes, 64, [&](void* where) {
+    new (where) LockState();
+    auto* data = static_cast<std::byte*>(where) + kDataOffset;
+    if (initial) {
+      std::memcpy(data, initial, bytes);
+    } else {
+      std::memset(data, 0, bytes);
+    }
+  });
+  *lock = static_cast<LockState*>(block);
+  return static_cast<std::byte*>(block) + kDataOffset;
+}
+
+}  // namespace detail
+
+Lock Lock::open(const std::string& name) {
+  return Lock(&detail::job_arena().find_or_construct<detail::LockState>(detail::object_name("lock", name).c_str()));
+}
+
+bool Lock::try_lock() {
+  std::uint32_t expected = 0;
+  if (!state_->locked.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return false;
+  state_->owner.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
+  return true;
+}
+
+void Lock::lock(Timeout timeout) {
+  std::uint32_t attempts = 0;
+  detail::wait_until(
+      state_->word,
+      [&] {
+        if (try_lock()) return true;
+        // Now and then, make sure the holder still exists: a dead holder never unlocks.
+        if (++attempts % 256 == 0 && !detail::process_alive(state_->owner.load(std::memory_order_relaxed))) {
+          throw PeerFailure(fmt::format("the process holding this lock (pid {}) died without releasing it",
+                                        state_->owner.load()));
+        }
+        return false;
+      },
+      detail::Deadline::after(timeout), "Lock::lock");
+}
+
+void Lock::unlock() {
+  if (state_->owner.load(std::memory_order_relaxed) != static_cast<std::int32_t>(::getpid()) ||
+      state_->locked.load(std::memory_order_relaxed) == 0) {
+    throw UsageError("Lock::unlock: this process does not hold the lock");
+  }
+  state_->owner.store(0, std::memory_order_relaxed);
+  state_->locked.store(0, std::memory_order_release);
+  detail::notify(state_->word);
+}
+
+Event Event::open(const std::string& name) {
+  return Event(&detail::job_arena().find_or_construct<detail::EventState>(detail::object_name("event", name).c_str()));
+}
+
+void Event::set() {
+  state_->flag.store(1, std::memory_order_release);
+  detail::notify(state_->word);
+}
+
+void Event::clear() { state_->flag.store(0, std::memory_order_release); }
+
+bool Event::is_set() const { return state_->flag.load(std::memory_order_acquire) != 0; }
+
+void Event::wait(Timeout timeout) {
+  detail::wait_until(state_->word, [&] { return is_set(); }, detail::Deadline::after(timeout), "Event::wait");
+}
+
+Barrier Barrier::open(const std::string& name, int parties) {
+  if (parties < 1) throw UsageError(fmt::format("Barrier::open({}): parties must be >= 1, not {}", name, parties));
+  auto& state = detail::job_arena().find_or_construct<detail::BarrierState>(
+      detail::object_name("barrier", name).c_str(), parties);
+  if (state.parties != parties) {
+    throw UsageError(fmt::format("Barrier '{}' exists for {} parties, not {}", name, state.parties, parties));
+  }
+  return Barrier(&state);
+}
+
+int Barrier::parties() const { return state_->parties; }
+
+void Barrier::wait(Timeout timeout) {
+  std::uint32_t generation = state_->generation.load(std::memory_order_acquire);
+  if (state_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(state_->parties)) {
+    state_->arrived.store(0, std::memory_order_relaxed);
+    state_->generation.fetch_add(1, std::memory_order_release);
+    detail::notify(state_->word);
+    return;
+  }
+  detail::wait_until(
+      state_->word, [&] { return state_->generation.load(std::memory_order_acquire) != generation; },
+      detail::Deadline::after(timeout), "Barrier::wait");
+}
+
+}  // namespace nodal

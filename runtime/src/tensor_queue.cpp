@@ -1,0 +1,213 @@
+#include <nodal/arena.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/tensor_queue.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/detail/wait.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace nodal {
+namespace detail {
+
+/// A queued item as it sits in shared memory: offsets, never pointers.
+struct ItemHandle {
+  std::uint64_t storage = 0;  ///< arena offset of the ArenaStorageHeader; 0: no tensor
+  std::int64_t byte_offset = 0;
+  std::int64_t index = 0;
+  std::int64_t label = 0;
+  std::int64_t shape[Tensor::kMaxDims] = {};
+  std::int64_t strides[Tensor::kMaxDims] = {};
+  DType dtype = DType::f32;
+  std::uint8_t ndim = 0;
+  std::uint8_t text_size = 0;
+  char text[TensorQueue::kMaxText] = {};
+};
+
+/// Dmitry Vyukov's bounded MPMC queue (1024cores.net, "Bounded MPMC queue"): each cell carries a
+/// sequence number telling producers and consumers whose turn it is, so neither side takes a lock
+/// and a stalled process blocks only its own cell.
+struct Cell {
+  std::atomic<std::uint64_t> sequence;
+  ItemHandle item;
+};
+
+struct QueueState {
+  explicit QueueState(std::uint64_t n) : capacity(n) {
+    for (std::uint64_t i = 0; i < n; ++i) new (&cells()[i]) Cell{{i}, {}};
+  }
+  Cell* cells() { return reinterpret_cast<Cell*>(this + 1); }
+
+  const std::uint64_t capacity;
+  alignas(64) std::atomic<std::uint64_t> enqueue_pos{0};
+  alignas(64) std::atomic<std::uint64_t> dequeue_pos{0};
+  alignas(64) WaitWord not_empty;
+  WaitWord not_full;
+  std::atomic<std::uint32_t> closed{0};
+};
+
+namespace {
+
+bool try_enqueue(QueueState& q, const ItemHandle& item) {
+  std::uint64_t pos = q.enqueue_pos.load(std::memory_order_relaxed);
+  for (;;) {
+    Cell& cell = q.cells()[pos % q.capacity];
+    std::uint64_t seq = cell.sequence.load(std::memory_order_acquire);
+    auto diff = static_cast<std::int64_t>(seq - pos);
+    if (diff == 0) {
+      if (q.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        cell.item = item;
+        cell.sequence.store(pos + 1, std::memory_order_release);
+        return true;
+      }
+    } else if (diff < 0) {
+      return false;  // full
+    } else {
+      pos = q.enqueue_pos.load(std::memory_order_relaxed);
+    }
+  }
+}
+
+bool try_dequeue(QueueState& q, ItemHandle& item) {
+  std::uint64_t pos = q.dequeue_pos.load(std::memory_order_relaxed);
+  for (;;) {
+    Cell& cell = q.cells()[pos % q.capacity];
+    std::uint64_t seq = cell.sequence.load(std::memory_order_acquire);
+    auto diff = static_cast<std::int64_t>(seq - (pos + 1));
+    if (diff == 0) {
+      if (q.dequeue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        item = cell.item;
+        cell.sequence.store(pos + q.capacity, std::memory_order_release);
+        return true;
+      }
+    } else if (diff < 0) {
+      return false;  // empty
+    } else {
+      pos = q.dequeue_pos.load(std::memory_order_relaxed);
+    }
+  }
+}
+
+/// The handle for a tensor, holding one new reference to its arena storage.
+ItemHandle make_handle(QueueItem& item) {
+  if (item.text.size() > TensorQueue::kMaxText) {
+    throw UsageError(fmt::format("TensorQueue::put: text of {} bytes, at most {}", item.text.size(), TensorQueue::kMaxText));
+  }
+  ItemHandle handle;
+  handle.index = item.index;
+  handle.label = item.label;
+  handle.text_size = static_cast<std::uint8_t>(item.text.size());
+  std::memcpy(handle.text, item.text.data(), item.text.size());
+  Tensor& t = item.tensor;
+  if (!t.defined()) return handle;
+  if (!t.in_arena()) {
+    if (t.storage()->kind() == Storage::Kind::file) {
+      t = t.clone().share_memory();  // a file is shared, but not by arena offset
+    } else {
+      t.share_memory();
+    }
+  }
+  handle.storage = t.storage()->arena_offset();
+  handle.byte_offset = t.storage_offset();
+  handle.dtype = t.dtype();
+  handle.ndim = static_cast<std::uint8_t>(t.dim());
+  std::copy(t.shape().begin(), t.shape().end(), handle.shape);
+  std::copy(t.strides().begin(), t.strides().end(), handle.strides);
+  t.storage()->retain_for_handle();
+  return handle;
+}
+
+/// Drops the reference a handle holds (a put that did not happen).
+void release_handle(const ItemHandle& handle) {
+  if (handle.storage != 0) Storage::adopt_arena(job_arena(), handle.storage);
+}
+
+QueueItem from_handle(const ItemHandle& handle) {
+  QueueItem item;
+  item.index = handle.index;
+  item.label = handle.label;
+  item.text.assign(handle.text, handle.text_size);
+  if (handle.storage != 0) {
+    item.tensor = Tensor(Storage::adopt_arena(job_arena(), handle.storage), handle.byte_offset,
+                         {handle.shape, handle.shape + handle.ndim}, {handle.strides, handle.strides + handle.ndim},
+                         handle.dtype);
+  }
+  return item;
+}
+
+}  // namespace
+}  // namespace detail
+
+TensorQueue TensorQueue::open(const std::string& name, std::size_t capacity) {
+  if (capacity == 0) throw UsageError(fmt::format("TensorQueue::open({}): capacity must be at least 1", name));
+  std::size_t bytes = sizeof(detail::QueueState) + capacity * sizeof(detail::Cell);
+  std::string object = "queue:" + name;
+  // The size check in find_or_create catches another capacity; say it in queue terms.
+  void* state = nullptr;
+  try {
+    state = detail::job_arena().find_or_create(object.c_str(), bytes, alignof(detail::QueueState),
+                                               [&](void* where) { new (where) detail::QueueState(capacity); });
+  } catch (const UsageError&) {
+    throw UsageError(fmt::format("TensorQueue '{}' exists with another capacity than {}", name, capacity));
+  }
+  return TensorQueue(static_cast<detail::QueueState*>(state));
+}
+
+void TensorQueue::put(QueueItem item, std::optional<std::chrono::nanoseconds> timeout) {
+  if (closed()) throw UsageError("TensorQueue::put on a closed queue");
+  if (item.tensor.dim() > Tensor::kMaxDims) {
+    throw UsageError(fmt::format("TensorQueue::put: {} dimensions, at most {}", item.tensor.dim(), Tensor::kMaxDims));
+  }
+  detail::ItemHandle handle = detail::make_handle(item);
+  try {
+    detail::wait_until(state_->not_full, [&] { return detail::try_enqueue(*state_, handle); },
+                       detail::Deadline::after(timeout), "TensorQueue::put");
+  } catch (...) {
+    detail::release_handle(handle);
+    throw;
+  }
+  detail::notify(state_->not_empty);
+}
+
+std::optional<QueueItem> TensorQueue::get(std::optional<std::chrono::nanoseconds> timeout) {
+  detail::ItemHandle handle;
+  bool got = false;
+  detail::wait_until(
+      state_->not_empty,
+      [&] {
+        got = detail::try_dequeue(*state_, handle);
+        return got || closed();
+      },
+      detail::Deadline::after(timeout), "TensorQueue::get");
+  // Closed: one more look, in case an item landed between the dequeue attempt and the flag.
+  if (!got && !(got = detail::try_dequeue(*state_, handle))) return std::nullopt;
+  detail::notify(state_->not_full);
+  return detail::from_handle(handle);
+}
+
+std::optional<QueueItem> TensorQueue::try_get() {
+  detail::ItemHandle handle;
+  if (!detail::try_dequeue(*state_, handle)) return std::nullopt;
+  detail::notify(state_->not_full);
+  return detail::from_handle(handle);
+}
+
+void TensorQueue::close() {
+  state_->closed.store(1, std::memory_order_release);
+  detail::notify(state_->not_empty);
+  detail::notify(state_->not_full);
+}
+
+bool TensorQueue::closed() const { return state_->closed.load(std::memory_order_acquire) != 0; }
+
+std::size_t TensorQueue::size() const {
+  std::uint64_t enqueued = state_->enqueue_pos.load(std::memory_order_acquire);
+  std::uint64_t dequeued = state_->dequeue_pos.load(std::memory_order_acquire);
+  return enqueued > dequeued ? static_cast<std::size_t>(enqueued - dequeued) : 0;
+}
+
+std::size_t TensorQueue::capacity() const { return state_->capacity; }
+
+}  // namespace nodal

@@ -1,0 +1,105 @@
+#include <nodal/arena.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/detail/environment.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/detail/wait.hpp>
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+/// Spin rounds before yielding or sleeping. One round is ~40 pause instructions, about 0.2-1 us
+/// here, so ~30-100 us of spinning: longer than a cache-line hand-off, shorter than a futex
+/// round trip (~40 us wake-up on this VM), so a sleeping waiter is rare on a hot path.
+constexpr std::uint32_t kSpinRounds = 128;
+/// Oversubscribed: spin at most this many rounds, then yield (256 spins cost 3x, DESIGN.md).
+constexpr std::uint32_t kOversubscribedSpinRounds = 4;
+/// Rounds of sched_yield before sleeping on the futex.
+constexpr std::uint32_t kYieldRounds = 200;
+/// Longest single futex sleep: the abort word is re-checked at least this often, so a failed
+/// job wakes every waiter within about this long.
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000), static_cast<long>(timeout.count() % 1'000'000'000)};
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+void notify(WaitWord& word) noexcept {
+  word.sequence.fetch_add(1, std::memory_order_seq_cst);
+  if (word.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(word.sequence);
+}
+
+bool oversubscribed() noexcept {
+  static const bool value = [] {
+    int ranks = parse_int(getenv_or_empty(kEnvLocalWorldSize));
+    cpu_set_t set;
+    int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    // A rank bound to one core sees one CPU; then compare against the machine's cores.
+    if (cpus == 1) cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    return ranks > cpus;
+  }();
+  return value;
+}
+
+void check_job_alive() {
+  const ArenaControl& control = job_arena().control();
+  if (control.abort.load(std::memory_order_acquire) == 0) return;
+  throw PeerFailure(fmt::format("the job has failed (rank {}: {}); this rank cannot go on", control.failed_rank,
+                                control.failure));
+}
+
+void Waiter::check() const {
+  check_job_alive();
+  if (deadline_.at && Clock::now() >= *deadline_.at) {
+    throw TimeoutError(fmt::format("{} timed out", what_));
+  }
+}
+
+void Waiter::pause(WaitWord& word, std::uint32_t seen) {
+  ++rounds_;
+  const std::uint32_t spin_rounds = oversubscribed() ? kOversubscribedSpinRounds : kSpinRounds;
+  if (rounds_ <= spin_rounds) {
+    for (int i = 0; i < 40; ++i) cpu_relax();
+    if (rounds_ % 32 == 0) check();
+    return;
+  }
+  check();
+  if (rounds_ <= spin_rounds + kYieldRounds && oversubscribed()) {
+    ::sched_yield();
+    return;
+  }
+  std::chrono::nanoseconds slice = kSleepSlice;
+  if (deadline_.at) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline_.at - Clock::now()));
+  if (slice.count() <= 0) return;  // check() throws on the next round
+  word.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  futex_wait(word.sequence, seen, slice);
+  word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace nodal::detail
