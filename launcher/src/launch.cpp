@@ -32,7 +32,6 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
   if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
   for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
-  if (spec.cpuset) ::sched_setaffinity(0, sizeof(cpu_set_t), spec.cpuset);
   ::execve(spec.program.c_str(), argv, envp);
   int error = errno;
   const char* what = ::strerror(error);  // not async-signal-safe in theory; the text is static in glibc

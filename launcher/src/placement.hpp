@@ -18,7 +18,7 @@ struct Placement {
   int cores = 0;
 };
 
-/// Loads the topology once (I/O discovery off) and assigns rank r to core r % cores (core) or
+/// Loads the topology once (cores, PUs and NUMA nodes only; no plugins, no I/O discovery) and assigns rank r to core r % cores (core) or
 /// NUMA node r % nodes (numa). automatic: core while nprocs <= cores, else none (oversubscribed
 /// ranks pinned to shared cores would only stop the kernel from balancing them).
 /// Throws std::runtime_error when hwloc cannot read the topology.

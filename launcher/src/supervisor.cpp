@@ -118,7 +118,6 @@ void Supervisor::set_up() {
   started_ = Clock::now();
   job_id_ = make_job_id();
   oom_kills_at_start_ = read_oom_kill_count();
-  placement_ = place_ranks(options_.nprocs, options_.bind_to);
 
   // Two pipes per rank stay open here: make room for 1024 ranks under a 1024-fd soft limit.
   rlimit files{};
@@ -161,10 +160,7 @@ void Supervisor::set_up() {
     }
   }
   ranks_.resize(options_.nprocs);
-  for (int r = 0; r < options_.nprocs; ++r) {
-    ranks_[r].rank = r;
-    ranks_[r].cpuset = placement_.cpusets[r];
-  }
+  for (int r = 0; r < options_.nprocs; ++r) ranks_[r].rank = r;
 }
 
 std::vector<std::string> Supervisor::base_environment() const {
@@ -236,7 +232,6 @@ void Supervisor::start_spawn() {
     spec.env.push_back(fmt::format("{}={}", kEnvLocalRank, rank.rank));
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
-    spec.cpuset = rank.cpuset ? &*rank.cpuset : nullptr;
     spec.inherit_fds = {arena_->fd()};
     rank.started = Clock::now();
     rank.pid = launch(spec);
@@ -289,6 +284,7 @@ int Supervisor::run() {
     }
     throw;
   }
+  bind_ranks();
   if (options_.timeout_seconds > 0) arm_timer(timeout_fd_, options_.timeout_seconds);
   loop();
 
@@ -297,6 +293,16 @@ int Supervisor::run() {
   if (failure_ || interrupted_by_) write_all(STDERR_FILENO, format_failure_report(summary));
   if (options_.report_path) write_json_report(summary, *options_.report_path);
   return code;
+}
+
+void Supervisor::bind_ranks() {
+  // The topology loads while the ranks exec (it costs as much as starting two of them), and each
+  // rank is bound from here as soon as it is known; a forkserver rank when its fork is reported.
+  placement_ = place_ranks(options_.nprocs, options_.bind_to);
+  for (RankRecord& rank : ranks_) {
+    rank.cpuset = placement_.cpusets[rank.rank];
+    if (rank.cpuset && rank.pid > 0) ::sched_setaffinity(rank.pid, sizeof(cpu_set_t), &*rank.cpuset);
+  }
 }
 
 bool Supervisor::finished() const {

@@ -26,7 +26,7 @@ constexpr std::size_t kPage = 4096;
 /// ArenaControl lives in the first page; Boost's segment manager starts after it.
 constexpr std::size_t kControlBytes = kPage;
 /// Reserved at creation: the control page and the segment manager's own bookkeeping.
-constexpr std::size_t kHeaderReserve = 256 * 1024;
+constexpr std::size_t kHeaderReserve = 64 * 1024;
 
 std::size_t align_down(std::size_t value, std::size_t alignment) { return value / alignment * alignment; }
 std::size_t align_up(std::size_t value, std::size_t alignment) { return align_down(value + alignment - 1, alignment); }
