@@ -12,7 +12,7 @@ packages=(
   libdlpack-dev libeigen3-dev
   mpich openmpi-bin libgloo-dev
   dataset-fashion-mnist
-  gnuplot-nox hyperfine
+  gnuplot-nox hyperfine jq
 )
 
 missing=()
