@@ -27,6 +27,9 @@ constexpr std::size_t kPage = 4096;
 constexpr std::size_t kControlBytes = kPage;
 /// Reserved at creation: the control page and the segment manager's own bookkeeping.
 constexpr std::size_t kHeaderReserve = 64 * 1024;
+/// Pages are reserved in chunks of at least this many bytes (larger for arenas above 48 GiB).
+constexpr unsigned kMinReserveShift = 21;
+
 
 std::size_t align_down(std::size_t value, std::size_t alignment) { return value / alignment * alignment; }
 std::size_t align_up(std::size_t value, std::size_t alignment) { return align_down(value + alignment - 1, alignment); }
@@ -125,10 +128,13 @@ std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, co
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail(fmt::format("mmap of the shared arena ({}): {}", detail::format_bytes(bytes), std::strerror(errno)));
+  static_assert(sizeof(ArenaControl) <= kControlBytes);
   auto* control = new (base) ArenaControl{};
   control->magic = ArenaControl::kMagic;
   control->size = bytes;
   control->failed_rank = -1;
+  control->reserve_shift = kMinReserveShift;
+  while ((bytes >> control->reserve_shift) >= ArenaControl::kReserveWords * 64) ++control->reserve_shift;
   try {
     return std::unique_ptr<Arena>(new Arena(fd, static_cast<std::byte*>(base), bytes, true));
   } catch (const ShmError& e) {
@@ -164,17 +170,27 @@ std::unique_ptr<Arena> Arena::attach(const std::string& path) {
 }
 
 void Arena::reserve_pages(const void* pointer, std::size_t bytes) {
-  // From the page holding the allocator's block header to one page past the end, where the
+  ArenaControl& c = control();
+  // From the allocator's block header just before `pointer` to one page past the end, where the
   // header of the next free block goes.
-  std::size_t first = align_down(offset_of(pointer) - std::min<std::size_t>(offset_of(pointer), 64), kPage);
-  std::size_t last = std::min(size_, align_up(offset_of(pointer) + bytes, kPage) + kPage);
-  int rc = ::posix_fallocate(fd_, static_cast<off_t>(first), static_cast<off_t>(last - first));
-  if (rc == 0) return;
-  std::size_t available = available_bytes(directory_of(fd_));
-  throw_shm(fmt::format("need {} of shared memory for an allocation, but {} has {} ({}): free memory, "
-                        "or with the file_system strategy make its directory larger",
-                        detail::format_bytes(bytes), directory_of(fd_).empty() ? "the machine" : directory_of(fd_),
-                        detail::format_bytes(available), std::strerror(rc)));
+  std::size_t first = offset_of(pointer) - std::min<std::size_t>(offset_of(pointer), 64);
+  std::size_t last = std::min(size_, offset_of(pointer) + bytes + kPage);
+  for (std::size_t chunk = first >> c.reserve_shift; chunk <= (last - 1) >> c.reserve_shift; ++chunk) {
+    std::atomic<std::uint64_t>& word = c.reserved[chunk / 64];
+    const std::uint64_t bit = std::uint64_t{1} << (chunk % 64);
+    if (word.load(std::memory_order_acquire) & bit) continue;
+    std::size_t begin = chunk << c.reserve_shift;
+    std::size_t length = std::min(size_, begin + (std::size_t{1} << c.reserve_shift)) - begin;
+    // Two processes may reserve the same chunk at once: posix_fallocate is idempotent.
+    if (int rc = ::posix_fallocate(fd_, static_cast<off_t>(begin), static_cast<off_t>(length)); rc != 0) {
+      std::size_t available = available_bytes(directory_of(fd_));
+      throw_shm(fmt::format("need {} of shared memory for an allocation, but {} has {} ({}): free memory, "
+                            "or with the file_system strategy make its directory larger",
+                            detail::format_bytes(bytes), directory_of(fd_).empty() ? "the machine" : directory_of(fd_),
+                            detail::format_bytes(available), std::strerror(rc)));
+    }
+    word.fetch_or(bit, std::memory_order_release);
+  }
 }
 
 void* Arena::allocate(std::size_t bytes, std::size_t alignment) {

@@ -35,6 +35,11 @@ struct ArenaControl {
   alignas(64) std::atomic<std::uint32_t> abort;
   std::int32_t failed_rank;
   char failure[256];  ///< what failed, in words (NUL-terminated)
+  /// Which chunks of the arena have their pages reserved (posix_fallocate), one bit a chunk of
+  /// 2^reserve_shift bytes: an allocation in reserved chunks needs no system call.
+  std::uint32_t reserve_shift;
+  static constexpr std::size_t kReserveWords = 384;  ///< 24576 chunks: 48 GiB in 2 MiB chunks
+  alignas(64) std::atomic<std::uint64_t> reserved[kReserveWords];
 };
 
 /// A mapped arena. Not copyable; the process's own is nodal::Context::arena() / detail::job_arena().
@@ -56,7 +61,7 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   /// `bytes` of shared memory aligned to `alignment` (a power of two, at most 4096), its pages
-  /// reserved. Throws ShmError when the arena or the machine has too little room; the message
+  /// reserved (in 2 MiB chunks, so most allocations make no system call). Throws ShmError when the arena or the machine has too little room; the message
   /// says how much was needed and how much is left.
   void* allocate(std::size_t bytes, std::size_t alignment = 64);
   /// Returns memory from allocate(). Its pages stay reserved for the next allocation; the kernel
