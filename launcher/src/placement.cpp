@@ -39,13 +39,21 @@ Topology load_topology() {
 }  // namespace
 
 Placement place_ranks(int nprocs, BindTo bind_to) {
-  Topology topology = load_topology();
   Placement placement;
+  placement.cpusets.assign(nprocs, std::nullopt);
+  // No binding wanted, or more ranks than CPUs (so more than cores): no topology needed.
+  cpu_set_t allowed;
+  int cpus = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  if (bind_to == BindTo::none || (bind_to == BindTo::automatic && cpus > 0 && nprocs > cpus)) {
+    placement.bind_to = BindTo::none;
+    placement.cores = 0;
+    return placement;
+  }
+  Topology topology = load_topology();
   placement.cores = hwloc_get_nbobjs_by_type(topology.get(), HWLOC_OBJ_CORE);
   if (placement.cores <= 0) placement.cores = hwloc_get_nbobjs_by_type(topology.get(), HWLOC_OBJ_PU);
   placement.bind_to = bind_to;
   if (bind_to == BindTo::automatic) placement.bind_to = nprocs <= placement.cores ? BindTo::core : BindTo::none;
-  placement.cpusets.assign(nprocs, std::nullopt);
   if (placement.bind_to == BindTo::none) return placement;
 
   hwloc_obj_type_t type = placement.bind_to == BindTo::core ? HWLOC_OBJ_CORE : HWLOC_OBJ_NUMANODE;

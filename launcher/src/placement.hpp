@@ -15,7 +15,7 @@ struct Placement {
   BindTo bind_to = BindTo::none;
   /// One entry per rank; nullopt: not bound.
   std::vector<std::optional<cpu_set_t>> cpusets;
-  int cores = 0;
+  int cores = 0;  ///< 0 when the topology was not needed (no binding)
 };
 
 /// Loads the topology once (cores, PUs and NUMA nodes only; no plugins, no I/O discovery) and assigns rank r to core r % cores (core) or
