@@ -4,20 +4,16 @@
 //
 //   nodalrun -n 2 build/release/examples/primes/primes 100000000
 //
-// Until the collectives exist the ranks combine their counts through files in a directory the
-// job shares (NODAL_JOB_ID names it); rank 0 waits for all of them and prints the total.
+// Until the collectives exist the ranks combine their counts in a process-shared Value and meet
+// at a Barrier, both in the job's shared arena; rank 0 prints and checks the total.
 #include <nodal/nodal.hpp>
-
-#include <unistd.h>
+#include <nodal/sync.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -70,28 +66,18 @@ int main(int argc, char** argv) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("rank {}/{}: {} primes in [{}, {}) in {:.2f} s\n", ctx.rank(), ctx.world_size(), count, lo, hi, seconds);
 
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / ctx.job_id();
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / fmt::format("{}.tmp", ctx.rank())) << count << "\n";
-    std::filesystem::rename(dir / fmt::format("{}.tmp", ctx.rank()), dir / fmt::format("{}.count", ctx.rank()));
-  }
+  nodal::Value<std::uint64_t> total = nodal::Value<std::uint64_t>::open("primes.total", 0);
+  nodal::Barrier all_counted = nodal::Barrier::open("primes.counted", ctx.world_size());
+  total.update([count](std::uint64_t& sum) { sum += count; });
+  all_counted.wait();
   if (ctx.rank() != 0) return 0;
 
-  std::uint64_t total = 0;
-  for (int r = 0; r < ctx.world_size(); ++r) {
-    std::filesystem::path file = dir / fmt::format("{}.count", r);
-    while (!std::filesystem::exists(file)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::uint64_t part = 0;
-    std::ifstream(file) >> part;
-    total += part;
-  }
-  std::filesystem::remove_all(dir);
   static const std::map<std::uint64_t, std::uint64_t> known = {
       {10, 4}, {100, 25}, {1000, 168}, {10000, 1229}, {100000, 9592}, {1000000, 78498},
       {10000000, 664579}, {100000000, 5761455}, {1000000000, 50847534}};
-  fmt::print("pi({}) = {} over {} ranks\n", limit, total, ctx.world_size());
-  if (auto it = known.find(limit); it != known.end() && it->second != total) {
+  const std::uint64_t sum = total.get();
+  fmt::print("pi({}) = {} over {} ranks\n", limit, sum, ctx.world_size());
+  if (auto it = known.find(limit); it != known.end() && it->second != sum) {
     fmt::print(stderr, "wrong answer: pi({}) is {}\n", limit, it->second);
     return 1;
   }
