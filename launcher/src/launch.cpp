@@ -29,9 +29,16 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::signal(SIGPIPE, SIG_DFL);
+  // Ranks are in their own process groups: one reading a terminal would be stopped (SIGTTIN)
+  // for good. Like mpirun's ranks other than 0, they read /dev/null.
+  if (int null_fd = ::open("/dev/null", O_RDONLY); null_fd >= 0) {
+    ::dup2(null_fd, STDIN_FILENO);
+    if (null_fd != STDIN_FILENO) ::close(null_fd);
+  }
   if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
   if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
   for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
+  if (spec.cpuset) ::sched_setaffinity(0, sizeof(cpu_set_t), spec.cpuset);
   ::execve(spec.program.c_str(), argv, envp);
   int error = errno;
   const char* what = ::strerror(error);  // not async-signal-safe in theory; the text is static in glibc

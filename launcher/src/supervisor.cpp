@@ -159,15 +159,21 @@ void Supervisor::set_up() {
       throw_errno(fmt::format("mkdir({})", *options_.output_dir));
     }
   }
+  // Placement before the first fork: a rank is bound before its program runs a single
+  // instruction (binding from outside after exec raced with the rank's own first threads).
+  placement_ = place_ranks(options_.nprocs, options_.bind_to);
   ranks_.resize(options_.nprocs);
-  for (int r = 0; r < options_.nprocs; ++r) ranks_[r].rank = r;
+  for (int r = 0; r < options_.nprocs; ++r) {
+    ranks_[r].rank = r;
+    ranks_[r].cpuset = placement_.cpusets[r];
+  }
 }
 
 std::vector<std::string> Supervisor::base_environment() const {
   static const std::set<std::string> ours = {kEnvRank,       kEnvWorldSize,       kEnvLocalRank,    kEnvLocalWorldSize,
                                              kEnvMasterAddr, kEnvMasterPort,      kEnvJobId,        kEnvControlFd,
                                              kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds,
-                                             kEnvArenaFd,     kEnvArenaPath};
+                                             kEnvArenaFd,     kEnvArenaPath,       kEnvForkserverCpus};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
@@ -233,6 +239,7 @@ void Supervisor::start_spawn() {
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
     spec.inherit_fds = {arena_->fd()};
+    spec.cpuset = rank.cpuset ? &*rank.cpuset : nullptr;
     rank.started = Clock::now();
     rank.pid = launch(spec);
     ::close(write_ends[rank.rank].first);
@@ -244,18 +251,21 @@ void Supervisor::start_forkserver() {
   std::vector<std::string> env = base_environment();
   std::vector<std::pair<int, int>> write_ends;
   std::string fd_list;
+  std::string cpu_list;  // each rank binds itself in the zygote's child, before it runs on
   LaunchSpec spec;
   for (RankRecord& rank : ranks_) {
     int out = -1, err = -1;
     open_rank_pipes(rank, out, err);
     write_ends.emplace_back(out, err);
     fd_list += fmt::format("{}{},{}", fd_list.empty() ? "" : ";", out, err);
+    cpu_list += fmt::format("{}{}", rank.rank == 0 ? "" : ";", rank.cpuset ? describe_cpuset(*rank.cpuset) : "");
     spec.inherit_fds.push_back(out);
     spec.inherit_fds.push_back(err);
   }
   spec.inherit_fds.push_back(arena_->fd());
   env.push_back(fmt::format("{}=forkserver", kEnvStartMethod));
   env.push_back(fmt::format("{}={}", kEnvForkserverFds, fd_list));
+  env.push_back(fmt::format("{}={}", kEnvForkserverCpus, cpu_list));
   spec.program = program_;
   spec.argv = options_.command;
   spec.env = std::move(env);
@@ -278,31 +288,25 @@ int Supervisor::run() {
       start_spawn();
     }
   } catch (...) {
-    // A fork failed part-way (EAGAIN: too many processes): leave nothing running behind us.
+    // A fork or an open failed part-way: leave nothing running behind us. Only our ranks are
+    // waited for (the named-arena guard is a child too, and ends only when we do).
     signal_all(SIGKILL);
-    while (::wait4(-1, nullptr, 0, nullptr) > 0 || errno == EINTR) {
+    if (zygote_pid_ > 0) ::waitpid(zygote_pid_, nullptr, 0);
+    for (const RankRecord& r : ranks_) {
+      if (r.pid > 0) ::waitpid(r.pid, nullptr, 0);
     }
     throw;
   }
-  bind_ranks();
   if (options_.timeout_seconds > 0) arm_timer(timeout_fd_, options_.timeout_seconds);
   loop();
+  // Whatever a rank left in its process group (a daemonised helper, a stuck grandchild) goes too.
+  signal_all(SIGKILL);
 
   int code = exit_code();
   JobSummary summary{job_id_, options_, ranks_, failure_, interrupted_by_, code, started_, Clock::now(), stop_signalled_};
   if (failure_ || interrupted_by_) write_all(STDERR_FILENO, format_failure_report(summary));
   if (options_.report_path) write_json_report(summary, *options_.report_path);
   return code;
-}
-
-void Supervisor::bind_ranks() {
-  // The topology loads while the ranks exec (it costs as much as starting two of them), and each
-  // rank is bound from here as soon as it is known; a forkserver rank when its fork is reported.
-  placement_ = place_ranks(options_.nprocs, options_.bind_to);
-  for (RankRecord& rank : ranks_) {
-    rank.cpuset = placement_.cpusets[rank.rank];
-    if (rank.cpuset && rank.pid > 0) ::sched_setaffinity(rank.pid, sizeof(cpu_set_t), &*rank.cpuset);
-  }
 }
 
 bool Supervisor::finished() const {
@@ -326,8 +330,8 @@ void Supervisor::loop() {
     }
     int wait_ms = -1;
     if (drain_deadline) {
-      wait_ms = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(*drain_deadline - Clock::now()).count()) + 1;
+      wait_ms = std::max(0, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  *drain_deadline - Clock::now()).count()) + 1);
     }
     int n = ::epoll_wait(epoll_fd_, events, 64, wait_ms);
     if (n < 0) {
@@ -426,7 +430,6 @@ void Supervisor::on_control() {
         RankRecord& rank = ranks_[message->rank];
         rank.pid = message->pid;
         rank.started = Clock::now();
-        if (rank.cpuset) ::sched_setaffinity(rank.pid, sizeof(cpu_set_t), &*rank.cpuset);
         if (stopping_) ::kill(-rank.pid, SIGTERM);  // forked while we were already stopping
         break;
       }

@@ -38,7 +38,6 @@ class Supervisor {
   std::vector<std::string> base_environment() const;
   void start_spawn();
   void start_forkserver();
-  void bind_ranks();
   void open_rank_pipes(RankRecord& rank, int& out_write, int& err_write);
   void watch(int fd, std::uint64_t tag);
   void loop();

@@ -197,7 +197,13 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kPage) {
     throw UsageError(fmt::format("Arena::allocate: alignment {} is not a power of two up to 4096", alignment));
   }
-  void* p = segment_->buffer.allocate_aligned(std::max<std::size_t>(bytes, 1), alignment, std::nothrow);
+  void* p = nullptr;
+  try {
+    p = segment_->buffer.allocate_aligned(std::max<std::size_t>(bytes, 1), alignment, std::nothrow);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's allocator is unusable ({}): a process died while allocating",
+                                  e.what()));
+  }
   if (!p) {
     throw_shm(fmt::format("the shared arena is full: need {}, {} free of {}: raise nodalrun --shm-size",
                           detail::format_bytes(bytes), detail::format_bytes(free_bytes()), detail::format_bytes(size_)));
@@ -214,37 +220,52 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
 void Arena::deallocate(void* pointer) noexcept {
   // The pages stay reserved: the next tensor of that size reuses them without faulting them in
   // again (the one-copy path is then a plain memcpy). They go back to the kernel with the arena.
-  if (pointer) segment_->buffer.deallocate(pointer);
+  if (!pointer) return;
+  try {
+    segment_->buffer.deallocate(pointer);
+  } catch (const bip::interprocess_exception&) {
+    // The allocator's robust mutex is unrecoverable: a rank died inside allocate(). The job is
+    // lost (nodalrun is stopping it); leaking this block is the only safe thing left to do.
+  }
 }
 
 std::size_t Arena::free_bytes() const { return segment_->buffer.get_free_memory(); }
 
 void* Arena::find_or_create(const char* name, std::size_t bytes, std::size_t alignment,
                             const std::function<void(void*)>& construct) {
-  if (alignment > 64) throw UsageError(fmt::format("Arena::find_or_create({}): alignment {} above 64", name, alignment));
+  // The name maps to a small record {offset, bytes}; the object itself comes from allocate(), so
+  // its pages are reserved before anything touches them, and it is registered only once built.
   void* result = nullptr;
-  std::size_t padded = bytes + 64;  // named blocks are 16-aligned; cache-line align inside them
   auto body = [&] {
-    auto [found, count] = segment_->buffer.find<std::byte>(name);
-    std::byte* block = found;
-    if (!block) {
-      block = segment_->buffer.construct<std::byte>(name, std::nothrow)[padded](std::byte{0});
-      if (!block) return;
-      reserve_pages(block, padded);
-      result = reinterpret_cast<std::byte*>(align_up(reinterpret_cast<std::size_t>(block), 64));
-      construct(result);
+    auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
+    if (record) {
+      if (record[1] != bytes) {
+        throw UsageError(fmt::format("the shared object '{}' exists with another type or size ({} bytes, not {})",
+                                     name, record[1], bytes));
+      }
+      result = at(record[0]);
       return;
     }
-    if (count != padded) {
-      throw UsageError(fmt::format("the shared object '{}' exists with another type or size ({} bytes, not {})", name,
-                                   count - 64, bytes));
+    void* block = allocate(bytes, std::max<std::size_t>(alignment, 64));
+    try {
+      construct(block);
+    } catch (...) {
+      deallocate(block);
+      throw;
     }
-    result = reinterpret_cast<std::byte*>(align_up(reinterpret_cast<std::size_t>(block), 64));
+    std::uint64_t* created = segment_->buffer.construct<std::uint64_t>(name, std::nothrow)[2](0);
+    if (!created) {
+      deallocate(block);
+      throw_shm(fmt::format("the shared arena is full: no room to name '{}': raise nodalrun --shm-size", name));
+    }
+    created[0] = offset_of(block);
+    created[1] = bytes;
+    result = block;
   };
-  segment_->buffer.get_segment_manager()->atomic_func(body);
-  if (!result) {
-    throw_shm(fmt::format("the shared arena is full: need {} for '{}', {} free: raise nodalrun --shm-size",
-                          detail::format_bytes(padded), name, detail::format_bytes(free_bytes())));
+  try {
+    segment_->buffer.get_segment_manager()->atomic_func(body);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
   }
   return result;
 }

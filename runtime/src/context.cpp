@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -57,6 +58,22 @@ std::vector<RankPipes> parse_forkserver_fds(const std::string& text) {
   return pipes;
 }
 
+/// A CPU list as nodalrun writes it ("0-1,4") as a set; empty text: no CPUs (not bound).
+cpu_set_t parse_cpu_list(std::string_view text) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  while (!text.empty()) {
+    std::size_t comma = text.find(',');
+    std::string_view item = text.substr(0, comma);
+    std::size_t dash = item.find('-');
+    int first = parse_int(item.substr(0, dash));
+    int last = dash == std::string_view::npos ? first : parse_int(item.substr(dash + 1));
+    for (int cpu = first; cpu >= 0 && cpu <= last && cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, &set);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+  }
+  return set;
+}
+
 /// The zygote of `nodalrun --start-method forkserver`: forks the ranks and exits. Returns only
 /// in the children, each as its rank with RANK and LOCAL_RANK set. Why the zygote exits rather
 /// than waits: nodalrun is a child subreaper, so the ranks become its children and it reaps
@@ -66,12 +83,19 @@ void fork_ranks_as_zygote() {
   const int world_size = env_int(kEnvWorldSize, 1);
   const pid_t launcher = env_int(kEnvLauncherPid, -1);
   std::vector<RankPipes> pipes = parse_forkserver_fds(getenv_or_empty(kEnvForkserverFds));
+  const std::string cpus = getenv_or_empty(kEnvForkserverCpus);
   auto refuse = [&](const std::string& why) {
     send_control(control_fd, {ControlKind::zygote_error, -1, static_cast<int>(::getpid()), why});
     std::_Exit(2);
   };
   if (static_cast<int>(pipes.size()) != world_size) {
     refuse(fmt::format("{} lists {} ranks' pipes for WORLD_SIZE {}", kEnvForkserverFds, pipes.size(), world_size));
+  }
+  if (job_arena_exists()) {
+    // Forked children would share that memfd MAP_SHARED, and each would think it alone holds
+    // the references counted in it.
+    refuse("the program used shared memory (a shared tensor, queue or lock) before nodal::init(); "
+           "with forkserver, call nodal::init() first");
   }
   if (int threads = thread_count(); threads != 1) {
     refuse(fmt::format(
@@ -103,6 +127,18 @@ void fork_ranks_as_zygote() {
       ::setenv(kEnvLocalRank, std::to_string(rank).c_str(), 1);
       ::unsetenv(kEnvStartMethod);
       ::unsetenv(kEnvForkserverFds);
+      ::unsetenv(kEnvForkserverCpus);
+      // This rank's CPU list is the rank-th ';'-separated field.
+      std::string_view field(cpus);
+      for (int skip = 0; skip < rank && !field.empty(); ++skip) {
+        std::size_t semicolon = field.find(';');
+        field = semicolon == std::string_view::npos ? std::string_view() : field.substr(semicolon + 1);
+      }
+      field = field.substr(0, field.find(';'));
+      if (!field.empty()) {
+        cpu_set_t set = parse_cpu_list(field);
+        ::sched_setaffinity(0, sizeof set, &set);
+      }
       // Wait until the zygote is gone and nodalrun has adopted us, then die with nodalrun.
       char byte;
       while (::read(release[0], &byte, 1) < 0 && errno == EINTR) {

@@ -66,4 +66,6 @@ void set_job_arena(std::unique_ptr<Arena> arena) {
   install(arenas, std::move(arena));
 }
 
+bool job_arena_exists() noexcept { return job_arenas().current.load(std::memory_order_acquire) != nullptr; }
+
 }  // namespace nodal::detail

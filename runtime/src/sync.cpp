@@ -136,9 +136,19 @@ void Barrier::wait(Timeout timeout) {
     detail::notify(state_->word);
     return;
   }
-  detail::wait_until(
-      state_->word, [&] { return state_->generation.load(std::memory_order_acquire) != generation; },
-      detail::Deadline::after(timeout), "Barrier::wait");
+  try {
+    detail::wait_until(
+        state_->word, [&] { return state_->generation.load(std::memory_order_acquire) != generation; },
+        detail::Deadline::after(timeout), "Barrier::wait");
+  } catch (...) {
+    // Take this arrival back while the round is still open, so that a caller who catches the
+    // TimeoutError and waits again does not make the round complete one process early.
+    std::uint32_t arrived = state_->arrived.load(std::memory_order_acquire);
+    while (state_->generation.load(std::memory_order_acquire) == generation && arrived > 0 &&
+           !state_->arrived.compare_exchange_weak(arrived, arrived - 1, std::memory_order_acq_rel)) {
+    }
+    throw;
+  }
 }
 
 }  // namespace nodal

@@ -102,11 +102,13 @@ ItemHandle make_handle(QueueItem& item) {
   std::memcpy(handle.text, item.text.data(), item.text.size());
   Tensor& t = item.tensor;
   if (!t.defined()) return handle;
-  if (!t.in_arena()) {
-    if (t.storage()->kind() == Storage::Kind::file) {
-      t = t.clone().share_memory();  // a file is shared, but not by arena offset
-    } else {
+  Arena& arena = job_arena();
+  if (!t.in_arena() || t.storage()->arena() != &arena) {
+    if (t.storage()->kind() == Storage::Kind::heap || t.storage()->kind() == Storage::Kind::external) {
       t.share_memory();
+    } else {
+      // A file, or an arena the receiver does not map (made before init()): one copy into ours.
+      t = t.clone().share_memory();
     }
   }
   handle.storage = t.storage()->arena_offset();
@@ -162,8 +164,13 @@ void TensorQueue::put(QueueItem item, std::optional<std::chrono::nanoseconds> ti
   }
   detail::ItemHandle handle = detail::make_handle(item);
   try {
-    detail::wait_until(state_->not_full, [&] { return detail::try_enqueue(*state_, handle); },
-                       detail::Deadline::after(timeout), "TensorQueue::put");
+    detail::wait_until(
+        state_->not_full,
+        [&] {
+          if (closed()) throw UsageError("TensorQueue::put on a closed queue");
+          return detail::try_enqueue(*state_, handle);
+        },
+        detail::Deadline::after(timeout), "TensorQueue::put");
   } catch (...) {
     detail::release_handle(handle);
     throw;

@@ -90,9 +90,10 @@ TEST(Launcher, BindsRanksToCoresOnlyWhenAskedOrWhileTheyFit) {
   if (cpus > 1) {
     EXPECT_LT(bound, cpus);
   }
-  // The default binds while ranks <= cores ...
+  // The default binds while ranks <= cores, with either start method ...
   if (cpus > 1) {
     EXPECT_LT(cpus_of_rank0({"-n", "1", kRankProgram, "env"}), cpus);
+    EXPECT_LT(cpus_of_rank0({"-n", "1", "--start-method", "forkserver", kRankProgram, "env"}), cpus);
   }
   // ... and leaves oversubscribed ranks free, like an explicit none.
   EXPECT_EQ(cpus_of_rank0({"-n", std::to_string(2 * cpus + 1), kRankProgram, "env"}), cpus);

@@ -77,8 +77,10 @@ class Arena {
     void* p = find_or_create(name, sizeof(T), alignof(T), [&](void* where) { new (where) T(std::forward<Args>(args)...); });
     return *static_cast<T*>(p);
   }
-  /// The untyped form: `bytes` aligned to `alignment` (<= 64), `construct` run once on creation,
-  /// under the arena's lock (Boost.Interprocess atomic_func on a robust mutex).
+  /// The untyped form: `bytes` aligned to `alignment` (at least 64, at most 4096), `construct`
+  /// run once on creation, under the arena's lock (Boost.Interprocess atomic_func on a robust
+  /// mutex). Throws UsageError when the name exists with another size, ShmError when full,
+  /// PeerFailure when a process died holding the lock.
   void* find_or_create(const char* name, std::size_t bytes, std::size_t alignment,
                        const std::function<void(void*)>& construct);
 

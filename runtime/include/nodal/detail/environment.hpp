@@ -23,5 +23,7 @@ inline constexpr const char* kEnvLauncherPid = "NODAL_LAUNCHER_PID";
 inline constexpr const char* kEnvStartMethod = "NODAL_START_METHOD";
 /// For the zygote: "out,err;out,err;..." the pipe fds of each rank's stdout and stderr.
 inline constexpr const char* kEnvForkserverFds = "NODAL_FORKSERVER_FDS";
+/// For the zygote: "cpus;cpus;..." each rank's CPU list ("0-1,4"), empty when not bound.
+inline constexpr const char* kEnvForkserverCpus = "NODAL_FORKSERVER_CPUS";
 
 }  // namespace nodal::detail

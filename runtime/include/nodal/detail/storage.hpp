@@ -55,6 +55,8 @@ class Storage {
   std::size_t bytes() const noexcept { return bytes_; }
   /// Arena kind only: the header's offset in the arena (the handle other processes use).
   std::uint64_t arena_offset() const noexcept { return arena_offset_; }
+  /// Arena kind only: the arena the block is in (a process may have had one before init()).
+  const Arena* arena() const noexcept { return arena_; }
   /// Arena kind only: adds a reference for a handle about to leave this process.
   void retain_for_handle() const noexcept;
   /// Copies a heap or external storage into a new arena block and becomes that block (so every
@@ -82,6 +84,9 @@ Arena& job_arena();
 /// launcher's). An arena made earlier by job_arena() stays mapped until exit: tensors made
 /// before init may still live in it.
 void set_job_arena(std::unique_ptr<Arena> arena);
+
+/// Whether this process has made or been given an arena yet (without making one).
+bool job_arena_exists() noexcept;
 
 /// Row-major strides (in elements) for `shape`, as Tensor::empty makes them.
 std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
