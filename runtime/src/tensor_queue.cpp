@@ -34,13 +34,18 @@ struct Cell {
   ItemHandle item;
 };
 
+/// Vyukov's queue needs at least 2 cells (with one, a full cell's sequence reads as free to the
+/// next producer), so a capacity-1 queue has 2 cells and bounds its occupancy by counting.
+inline std::uint64_t cell_count(std::uint64_t capacity) { return std::max<std::uint64_t>(capacity, 2); }
+
 struct QueueState {
-  explicit QueueState(std::uint64_t n) : capacity(n) {
-    for (std::uint64_t i = 0; i < n; ++i) new (&cells()[i]) Cell{{i}, {}};
+  explicit QueueState(std::uint64_t n) : capacity(n), cell_count(detail::cell_count(n)) {
+    for (std::uint64_t i = 0; i < cell_count; ++i) new (&cells()[i]) Cell{{i}, {}};
   }
   Cell* cells() { return reinterpret_cast<Cell*>(this + 1); }
 
   const std::uint64_t capacity;
+  const std::uint64_t cell_count;
   alignas(64) std::atomic<std::uint64_t> enqueue_pos{0};
   alignas(64) std::atomic<std::uint64_t> dequeue_pos{0};
   alignas(64) WaitWord not_empty;
@@ -53,7 +58,8 @@ namespace {
 bool try_enqueue(QueueState& q, const ItemHandle& item) {
   std::uint64_t pos = q.enqueue_pos.load(std::memory_order_relaxed);
   for (;;) {
-    Cell& cell = q.cells()[pos % q.capacity];
+    if (q.capacity < q.cell_count && pos - q.dequeue_pos.load(std::memory_order_acquire) >= q.capacity) return false;
+    Cell& cell = q.cells()[pos % q.cell_count];
     std::uint64_t seq = cell.sequence.load(std::memory_order_acquire);
     auto diff = static_cast<std::int64_t>(seq - pos);
     if (diff == 0) {
@@ -73,13 +79,13 @@ bool try_enqueue(QueueState& q, const ItemHandle& item) {
 bool try_dequeue(QueueState& q, ItemHandle& item) {
   std::uint64_t pos = q.dequeue_pos.load(std::memory_order_relaxed);
   for (;;) {
-    Cell& cell = q.cells()[pos % q.capacity];
+    Cell& cell = q.cells()[pos % q.cell_count];
     std::uint64_t seq = cell.sequence.load(std::memory_order_acquire);
     auto diff = static_cast<std::int64_t>(seq - (pos + 1));
     if (diff == 0) {
       if (q.dequeue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
         item = cell.item;
-        cell.sequence.store(pos + q.capacity, std::memory_order_release);
+        cell.sequence.store(pos + q.cell_count, std::memory_order_release);
         return true;
       }
     } else if (diff < 0) {
@@ -144,7 +150,7 @@ QueueItem from_handle(const ItemHandle& handle) {
 
 TensorQueue TensorQueue::open(const std::string& name, std::size_t capacity) {
   if (capacity == 0) throw UsageError(fmt::format("TensorQueue::open({}): capacity must be at least 1", name));
-  std::size_t bytes = sizeof(detail::QueueState) + capacity * sizeof(detail::Cell);
+  std::size_t bytes = sizeof(detail::QueueState) + detail::cell_count(capacity) * sizeof(detail::Cell);
   std::string object = "queue:" + name;
   // The size check in find_or_create catches another capacity; say it in queue terms.
   void* state = nullptr;
