@@ -2,10 +2,16 @@
 
 #include <nodal/detail/posix.hpp>
 
+#include <unistd.h>
+
 namespace nodal::launcher {
 
 LineTagger::LineTagger(std::string prefix, int sink_fd, int file_fd, std::size_t keep_last)
     : prefix_(std::move(prefix)), sink_fd_(sink_fd), file_fd_(file_fd), keep_last_(keep_last) {}
+
+LineTagger::~LineTagger() {
+  if (file_fd_ >= 0) ::close(file_fd_);
+}
 
 void LineTagger::emit(std::string_view line, std::string& batch) {
   batch += prefix_;

@@ -17,7 +17,12 @@ class LineTagger {
   /// A line longer than this is cut into pieces of this size, each tagged.
   static constexpr std::size_t kMaxLine = 64 * 1024;
 
+  /// Writes lines to sink_fd (not owned); copies raw bytes to file_fd when >= 0 (owned: closed
+  /// with the tagger).
   LineTagger(std::string prefix, int sink_fd, int file_fd, std::size_t keep_last);
+  ~LineTagger();
+  LineTagger(const LineTagger&) = delete;
+  LineTagger& operator=(const LineTagger&) = delete;
 
   /// Takes the next bytes read from the rank's pipe.
   void feed(std::string_view bytes);

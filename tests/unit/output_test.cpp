@@ -72,7 +72,7 @@ TEST(LineTagger, KeepsTheLastLinesForTheReport) {
 
 TEST(LineTagger, CopiesRawBytesToTheFile) {
   Sink sink, file;
-  LineTagger tagger("[1] ", sink.fd(), file.fd(), 0);
+  LineTagger tagger("[1] ", sink.fd(), ::dup(file.fd()), 0);  // the tagger owns (closes) its file
   tagger.feed("one\ntw");
   tagger.feed("o");
   tagger.finish();
