@@ -29,7 +29,7 @@ auto has_ready_lines(std::size_t n) {
 class RankFailure : public ::testing::TestWithParam<std::string> {};  // the start method
 
 TEST_P(RankFailure, OneRankExitsThreeAndTheSiblingsAreStopped) {
-  ChildResult r = run(nodalrun_command({"-n", "3", "--start-method", GetParam(), kRankProgram, "exit", "1", "100", "3"}));
+  ChildResult r = run(nodalrun_command({"-n", "3", "--start-method", GetParam(), kRankProgram, "exit", "1", "300", "3"}));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 3);
   std::vector<pid_t> pids = ready_pids(r.out);

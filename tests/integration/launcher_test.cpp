@@ -122,7 +122,8 @@ TEST(Launcher, HeavyOutputIsNeverInterleavedWithinALine) {
 
 TEST(Launcher, OutputDirHoldsEachRanksUntaggedStreams) {
   std::string dir = temp_dir("nodal-outdir");
-  ChildResult r = run(nodalrun_command({"-n", "2", "--output-dir", dir, kRankProgram, "exit", "1", "10", "5"}));
+  // Rank 1 fails 500 ms in, after rank 0 has surely written its first line even under ASan.
+  ChildResult r = run(nodalrun_command({"-n", "2", "--output-dir", dir, kRankProgram, "exit", "1", "500", "5"}));
   EXPECT_EQ(r.exit_code, 5);
   for (int rank : {0, 1}) {
     std::ifstream out(dir + "/rank." + std::to_string(rank) + ".stdout");

@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
   announce(ctx);
   if (mode == "exit" || mode == "segv" || mode == "throw" || mode == "eat_memory") {
     if (ctx.rank() != target) sleep_forever();
-    std::this_thread::sleep_for(std::chrono::milliseconds(arg_int(argc, argv, 3, 100)));
+    // Long enough for every rank to announce itself first, even under ASan on a busy machine.
+    std::this_thread::sleep_for(std::chrono::milliseconds(arg_int(argc, argv, 3, 300)));
     std::fprintf(stderr, "rank %d about to fail (%s)\n", ctx.rank(), mode.c_str());
     if (mode == "exit") std::exit(arg_int(argc, argv, 4, 3));
     while (mode == "eat_memory") {  // until the memory cgroup's OOM killer ends it
