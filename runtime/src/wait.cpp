@@ -18,14 +18,17 @@
 namespace nodal::detail {
 namespace {
 
-/// Spin rounds before yielding or sleeping. One round is ~40 pause instructions, about 0.2-1 us
-/// here, so ~30-100 us of spinning: longer than a cache-line hand-off, shorter than a futex
-/// round trip (~40 us wake-up on this VM), so a sleeping waiter is rare on a hot path.
-constexpr std::uint32_t kSpinRounds = 128;
-/// Oversubscribed: spin at most this many rounds, then yield (256 spins cost 3x, DESIGN.md).
-constexpr std::uint32_t kOversubscribedSpinRounds = 4;
-/// Rounds of sched_yield before sleeping on the futex.
-constexpr std::uint32_t kYieldRounds = 200;
+/// How long a waiter spins before sleeping on the futex when it has a core of its own: longer
+/// than a cache-line hand-off (35-200 ns here) or a short imbalance between ranks, shorter than
+/// what a futex round trip costs (~40 us wake-up on this VM), so a sleeping waiter is rare on a
+/// hot path and an idle one costs no CPU after this.
+constexpr auto kSpinTime = std::chrono::microseconds(50);
+/// Oversubscribed: pauses before the first yield (DESIGN.md: 256 spins cost 3x, yield at once or
+/// after <= 16), then yield for this long before sleeping.
+constexpr std::uint32_t kOversubscribedSpins = 16;
+constexpr auto kYieldTime = std::chrono::milliseconds(2);
+/// Spins between two reads of the clock and the abort word (a few microseconds).
+constexpr std::uint32_t kCheckEvery = 256;
 /// Longest single futex sleep: the abort word is re-checked at least this often, so a failed
 /// job wakes every waiter within about this long.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -51,8 +54,10 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 }  // namespace
 
 void notify(WaitWord& word) noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (word.sleepers.load(std::memory_order_relaxed) == 0) return;
   word.sequence.fetch_add(1, std::memory_order_seq_cst);
-  if (word.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(word.sequence);
+  futex_wake_all(word.sequence);
 }
 
 bool oversubscribed() noexcept {
@@ -81,25 +86,27 @@ void Waiter::check() const {
   }
 }
 
-void Waiter::pause(WaitWord& word, std::uint32_t seen) {
+bool Waiter::spin() {
+  if (rounds_ == 0) started_ = Clock::now();
   ++rounds_;
-  const std::uint32_t spin_rounds = oversubscribed() ? kOversubscribedSpinRounds : kSpinRounds;
-  if (rounds_ <= spin_rounds) {
-    for (int i = 0; i < 40; ++i) cpu_relax();
-    if (rounds_ % 32 == 0) check();
-    return;
-  }
-  check();
-  if (rounds_ <= spin_rounds + kYieldRounds && oversubscribed()) {
+  const bool crowded = oversubscribed();
+  if (!crowded || rounds_ <= kOversubscribedSpins) {
+    cpu_relax();
+  } else {
     ::sched_yield();
-    return;
   }
+  if (rounds_ % kCheckEvery != 0 && !(crowded && rounds_ > kOversubscribedSpins)) return true;
+  check();
+  return Clock::now() - started_ < (crowded ? std::chrono::duration_cast<Clock::duration>(kYieldTime)
+                                            : std::chrono::duration_cast<Clock::duration>(kSpinTime));
+}
+
+void Waiter::sleep(WaitWord& word, std::uint32_t seen) {
+  check();
   std::chrono::nanoseconds slice = kSleepSlice;
   if (deadline_.at) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline_.at - Clock::now()));
   if (slice.count() <= 0) return;  // check() throws on the next round
-  word.sleepers.fetch_add(1, std::memory_order_seq_cst);
   futex_wait(word.sequence, seen, slice);
-  word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 }  // namespace nodal::detail

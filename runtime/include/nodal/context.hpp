@@ -6,6 +6,7 @@
 namespace nodal {
 
 class Arena;
+class Communicator;
 
 /// What nodal::init() returns. A cheap value: copy it freely.
 /// Names follow torchrun: rank is global, local_rank counts ranks on this node.
@@ -21,6 +22,10 @@ class Context {
   bool launched() const noexcept { return launched_; }
   /// The job's shared arena (nodalrun's --shm-size), or this process's own when it is a singleton.
   Arena& arena() const;
+  /// The communicator of every rank of the job (rank() and world_size() as here). Defined in
+  /// nodal::collectives (<nodal/communicator.hpp>): link that target to call it. The first call
+  /// sets up the communicator's slots in the arena (no communication).
+  Communicator world() const;
 
  private:
   friend Context init();

@@ -4,3 +4,6 @@
 #include <nodal/context.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/spawn.hpp>
+#if __has_include(<nodal/communicator.hpp>)
+#include <nodal/communicator.hpp>
+#endif

@@ -13,14 +13,18 @@
 namespace nodal::detail {
 
 /// What a waiter sleeps on and a waker bumps. Lives in shared memory next to the state it guards.
-/// `sequence` changes on every notify; `sleepers` lets notify skip the futex syscall when nobody
-/// sleeps (the common case on the hot path).
+/// `sequence` changes on every notify that finds a sleeper; `sleepers` lets notify skip the
+/// atomic increment and the futex syscall when nobody sleeps (the common case on a hot path:
+/// then notify costs one fence and one load of a line every rank only reads).
 struct WaitWord {
   std::atomic<std::uint32_t> sequence{0};
   std::atomic<std::uint32_t> sleepers{0};
 };
 
 /// Wakes every waiter of `word` after the state it guards has changed (call it after the change).
+/// Correct against a waiter about to sleep: the waiter registers in `sleepers` and then re-tests
+/// its condition (Dekker's pattern, both sides sequentially consistent), so either it sees the
+/// change or this call sees it and bumps `sequence`.
 void notify(WaitWord& word) noexcept;
 
 using Clock = std::chrono::steady_clock;
@@ -38,27 +42,40 @@ struct Deadline {
 class Waiter {
  public:
   Waiter(Deadline deadline, std::string_view what) noexcept : deadline_(deadline), what_(what) {}
-  /// Waits a little; `seen` is word.sequence as read before the caller last tested its condition.
-  void pause(WaitWord& word, std::uint32_t seen);
-  /// Throws if the job failed or the deadline passed (also done by pause from time to time).
+  /// One spin (a `pause`) or, when ranks outnumber cores, one sched_yield. Returns false once
+  /// the spinning and yielding time is over: the caller should then sleep().
+  bool spin();
+  /// Sleeps on the futex while word.sequence == seen, at most one slice (so the abort word and
+  /// the deadline are re-checked regularly).
+  void sleep(WaitWord& word, std::uint32_t seen);
+  /// Throws if the job failed or the deadline passed (also done by spin and sleep).
   void check() const;
 
  private:
   Deadline deadline_;
   std::string_view what_;
   std::uint32_t rounds_ = 0;
+  Clock::time_point started_{};
 };
 
 /// Returns once ready() holds. ready() may have side effects (a lock's compare-exchange, a
-/// queue's dequeue): it is called until it first returns true.
+/// queue's dequeue): it is called until it first returns true. The condition is re-tested
+/// after every `pause`, so a spinning waiter sees a change within one cache-line transfer.
 template <class Ready>
 void wait_until(WaitWord& word, Ready&& ready, Deadline deadline, std::string_view what) {
   if (ready()) return;
   Waiter waiter(deadline, what);
   for (;;) {
-    std::uint32_t seen = word.sequence.load(std::memory_order_acquire);
-    if (ready()) return;
-    waiter.pause(word, seen);
+    if (waiter.spin()) {
+      if (ready()) return;
+      continue;
+    }
+    std::uint32_t seen = word.sequence.load(std::memory_order_seq_cst);
+    word.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    bool done = ready();
+    if (!done) waiter.sleep(word, seen);
+    word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (done || ready()) return;
   }
 }
 

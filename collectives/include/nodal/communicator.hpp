@@ -1,0 +1,150 @@
+// nodal::Communicator: collectives and point-to-point messages among the ranks of a job, over the
+// job's shared arena (DESIGN.md "Collectives"). The interface follows MPI and torch.distributed
+// (allreduce, reduce, broadcast, allgather, reduce_scatter, gather, scatter, alltoall, barrier,
+// send/recv; ops sum, prod, min, max, avg); the shared-memory algorithms follow the intra-node
+// paths of NCCL, Open MPI's coll/sm and MPICH's shm collectives (per-rank slots, flags on their own
+// cache lines, sequence numbers, reduce-scatter + all-gather in pipelined chunks).
+//
+// Rules every call follows:
+// - Collective calls are made by every rank of the communicator, in the same order, with the same
+//   count, dtype, op and root. A mismatch is detected and throws UsageError on every rank (never
+//   a hang or a wrong answer); the communicator stays usable afterwards.
+// - Results are bitwise identical on every rank and from run to run: contributions are combined
+//   in rank order (0, 1, ..., n-1) whatever the algorithm; f16 and bf16 are accumulated in f32 and
+//   rounded once (to nearest even). Integer sum and prod wrap around (two's complement); integer
+//   avg is the sum (in 64 bits) divided by world_size, rounded toward zero. bool: sum and max are
+//   logical or, prod and min logical and; avg of bool is a UsageError.
+// - Buffers hold `count` contiguous elements of `dtype` unless a call says otherwise. In-place:
+//   pass the same pointer (or tensor) as input and output. Buffers of the same call must not
+//   overlap otherwise.
+// - A dead peer (nodalrun has declared the job failed) makes every pending and later call throw
+//   PeerFailure within 100 ms. Waiting goes through the runtime's one waiting helper (spin, then
+//   yield when ranks outnumber cores, then futex).
+// - A Communicator is a cheap handle (copies share one state); use it from one thread at a time.
+//
+// Algorithms, picked per call from size and world size (Communicator::algorithm_table()):
+//   small      every rank copies its input into its slot, every rank reduces all slots itself
+//              (one cache-line hand-off for tiny messages);
+//   pipelined  inputs staged in chunks, rank r reduces block r of each chunk, all ranks gather the
+//              reduced blocks (reduce-scatter + all-gather), chunks pipelined through a ring;
+//   in_place   like pipelined but reading peers' buffers where they are (single copy), chosen when
+//              every rank's buffers are in the job arena (Tensor::empty_shared, share_memory()).
+// Environment overrides (read once per process):
+//   NODAL_ALLREDUCE_ALGO=small|pipelined|in_place|auto   force an allreduce algorithm (in_place
+//                                                       falls back when buffers are not in the arena)
+//   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
+//                                 (default 16 KiB)
+//   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB)
+// Sizes accept suffixes (64K, 1M, 2Mi). The per-rank slots and staging ring live in the arena:
+// about 2 * (small max + chunk) bytes per rank and communicator.
+#pragma once
+
+#include <nodal/context.hpp>
+#include <nodal/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nodal {
+
+/// Reduction operators (MPI_SUM, ..., torch's ReduceOp.AVG).
+enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
+
+/// "sum", "prod", "min", "max", "avg".
+const char* reduce_op_name(ReduceOp op) noexcept;
+
+/// One row of the algorithm table: calls of at most `max_bytes` (per rank input) take `algorithm`.
+struct AlgorithmRule {
+  std::string op;         ///< "allreduce", "broadcast", ...
+  std::size_t max_bytes;  ///< SIZE_MAX for "any larger size"
+  std::string algorithm;  ///< "small", "pipelined", "in_place"
+};
+
+namespace detail {
+struct CommState;
+}
+
+class Communicator {
+ public:
+  /// An invalid communicator (what split() returns to ranks that pass a negative color).
+  Communicator() = default;
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// This process's rank in the communicator, 0 .. world_size()-1.
+  int rank() const;
+  int world_size() const;
+  /// The job's rank (Context::rank) of communicator rank `rank`.
+  int global_rank(int rank) const;
+
+  /// Collective. Ranks passing the same `color` (>= 0) form a new communicator, ordered by
+  /// (key, this communicator's rank); ranks passing a negative color get an invalid one
+  /// (MPI_Comm_split with MPI_UNDEFINED). Throws ShmError when the arena has no room.
+  Communicator split(int color, int key) const;
+
+  // ---- Raw buffers: count elements of dtype at each pointer (count may be 0). ----
+
+  /// Every rank's `output` gets op over every rank's `input`. input == output: in place.
+  void allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op = ReduceOp::sum);
+  /// `output` on `root` gets op over every rank's `input`; other ranks' output is not written
+  /// (may be nullptr).
+  void reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root);
+  /// Every rank's `buffer` gets root's `buffer`.
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root);
+  /// `output` (world_size * count elements) gets every rank's `input` (count elements) in rank
+  /// order. input == output + rank * count: in place.
+  void allgather(const void* input, void* output, std::size_t count, DType dtype);
+  /// `input` holds world_size * count elements; `output` (count elements) gets block `rank` of
+  /// op over every rank's input. output == input + rank * count: in place.
+  void reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op = ReduceOp::sum);
+  /// `output` on root (world_size * count elements) gets every rank's `input` (count) in rank
+  /// order; other ranks' output is not written (may be nullptr).
+  void gather(const void* input, void* output, std::size_t count, DType dtype, int root);
+  /// Rank r's `output` (count elements) gets block r of root's `input` (world_size * count);
+  /// non-root ranks' input is not read (may be nullptr).
+  void scatter(const void* input, void* output, std::size_t count, DType dtype, int root);
+  /// `input` and `output` hold world_size * count elements: block j of rank r's output is block
+  /// r of rank j's input. Not in place (input and output must not overlap).
+  void alltoall(const void* input, void* output, std::size_t count, DType dtype);
+  /// Returns once every rank has called it.
+  void barrier();
+  /// Blocks until `peer` has received the message (count elements of dtype) with recv, or it has
+  /// been copied into the pair's channel. Messages between two ranks arrive in order.
+  /// Mismatched count or dtype: UsageError on both sides.
+  void send(const void* input, std::size_t count, DType dtype, int peer);
+  void recv(void* output, std::size_t count, DType dtype, int peer);
+
+  // ---- Tensors: contiguous cpu tensors; count and dtype come from the tensor. ----
+  // Throws UsageError for a non-contiguous or undefined tensor, or when shapes do not fit
+  // (outputs of allgather/gather: world_size times the input's numel; reduce_scatter's input:
+  // world_size times the output's numel).
+
+  /// In place: every rank's `tensor` becomes op over every rank's `tensor`.
+  void allreduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  void allreduce(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
+  void reduce(Tensor& tensor, ReduceOp op, int root);
+  void broadcast(Tensor& tensor, int root);
+  void allgather(const Tensor& input, Tensor& output);
+  void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
+  void gather(const Tensor& input, Tensor& output, int root);
+  void scatter(const Tensor& input, Tensor& output, int root);
+  void alltoall(const Tensor& input, Tensor& output);
+  void send(const Tensor& tensor, int peer);
+  void recv(Tensor& tensor, int peer);
+
+  /// The algorithm table in force (defaults, then NODAL_* overrides), for printing and tests.
+  static std::vector<AlgorithmRule> algorithm_table();
+  /// The algorithm the last collective call of this process took ("small", ...; "" before any).
+  const std::string& last_algorithm() const;
+
+ private:
+  friend class Context;
+  friend Communicator world_communicator();
+  explicit Communicator(std::shared_ptr<detail::CommState> state) : state_(std::move(state)) {}
+  detail::CommState& state() const;
+  std::shared_ptr<detail::CommState> state_;
+};
+
+}  // namespace nodal

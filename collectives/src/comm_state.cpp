@@ -1,0 +1,120 @@
+#include "comm_state.hpp"
+
+#include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/units.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+constexpr std::uint64_t kCommMagic = 0x6d6d6f632d6c646eULL;  // "nld-comm"
+
+std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t minimum) {
+  std::string text = getenv_or_empty(name);
+  if (text.empty()) return fallback;
+  std::size_t value = 0;
+  try {
+    value = parse_bytes(text);
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("{}='{}': {}", name, text, e.what()));
+  }
+  if (value < minimum) throw UsageError(fmt::format("{}='{}' is below the minimum of {} bytes", name, text, minimum));
+  return value;
+}
+
+std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1) / to * to; }
+
+}  // namespace
+
+const char* coll_kind_name(CollKind kind) noexcept {
+  switch (kind) {
+    case CollKind::barrier: return "barrier";
+    case CollKind::allreduce: return "allreduce";
+    case CollKind::reduce: return "reduce";
+    case CollKind::broadcast: return "broadcast";
+    case CollKind::allgather: return "allgather";
+    case CollKind::reduce_scatter: return "reduce_scatter";
+    case CollKind::gather: return "gather";
+    case CollKind::scatter: return "scatter";
+    case CollKind::alltoall: return "alltoall";
+    case CollKind::split: return "split";
+  }
+  return "?";
+}
+
+std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
+
+const CommConfig& comm_config() {
+  static const CommConfig config = [] {
+    CommConfig c{};
+    c.small_max = env_bytes("NODAL_SMALL_MAX_BYTES", 16 * 1024, 0);
+    // Chunks are cut into world_size blocks of whole cache lines (up to 8-byte elements).
+    c.chunk_bytes = round_up(env_bytes("NODAL_CHUNK_BYTES", 1024 * 1024, 4096), kCacheLine);
+    c.ring_depth = 2;
+    return c;
+  }();
+  return config;
+}
+
+std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, std::vector<int> global_ranks) {
+  auto state = std::make_shared<CommState>();
+  state->arena = &arena;
+  state->name = std::move(name);
+  state->rank = rank;
+  state->size = static_cast<int>(global_ranks.size());
+  state->global_ranks = std::move(global_ranks);
+  state->config = comm_config();
+  // A chunk holds one cache line per member at least.
+  state->config.chunk_bytes = std::max(state->config.chunk_bytes, state->global_ranks.size() * kCacheLine);
+  const std::size_t n = static_cast<std::size_t>(state->size);
+  const std::size_t slot_bytes = state->config.slot_bytes();
+  const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
+  const std::size_t progress_bytes = n * sizeof(Progress);
+  const std::size_t total = header_bytes + progress_bytes + n * 2 * slot_bytes;
+  std::string object = "nodal.comm:" + state->name;
+  auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
+    std::memset(where, 0, total);
+    auto* shared = new (where) SharedComm{};
+    shared->magic = kCommMagic;
+    shared->world_size = static_cast<std::int32_t>(n);
+    shared->slot_bytes = slot_bytes;
+    auto* progress = reinterpret_cast<Progress*>(static_cast<std::byte*>(where) + header_bytes);
+    for (std::size_t r = 0; r < n; ++r) new (&progress[r]) Progress();
+  }));
+  state->shared = reinterpret_cast<SharedComm*>(base);
+  if (state->shared->magic != kCommMagic || state->shared->world_size != static_cast<std::int32_t>(n) ||
+      state->shared->slot_bytes != slot_bytes) {
+    throw UsageError(fmt::format("communicator {}: ranks disagree on its size or NODAL_SMALL_MAX_BYTES "
+                                 "(set the same environment for every rank)",
+                                 state->name));
+  }
+  state->progress = reinterpret_cast<Progress*>(base + header_bytes);
+  state->slots = base + header_bytes + progress_bytes;
+  return state;
+}
+
+void CommState::ensure_ring() {
+  if (stages != nullptr) return;
+  const std::size_t n = static_cast<std::size_t>(size);
+  const std::size_t per_rank = static_cast<std::size_t>(config.ring_depth) * config.chunk_bytes;
+  const std::size_t total = 4096 + 2 * n * per_rank;
+  std::string object = "nodal.comm-ring:" + name;
+  // Pages are reserved by the arena; the ring's contents need no initialisation.
+  auto* base = static_cast<std::byte*>(arena->find_or_create(object.c_str(), total, 4096, [&](void* where) {
+    static_cast<SharedRing*>(where)->magic = kCommMagic;
+  }));
+  stages = base + 4096;  // page-aligned data, apart from the header's line
+  results = stages + n * per_rank;
+}
+
+void wait_flag(const CommState& comm, const std::atomic<std::uint64_t>& flag, std::uint64_t value, const char* what) {
+  wait_until(
+      comm.shared->word, [&] { return flag.load(std::memory_order_acquire) >= value; }, Deadline{}, what);
+}
+
+}  // namespace nodal::detail

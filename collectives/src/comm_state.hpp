@@ -1,0 +1,127 @@
+// A communicator's state: the part in the arena every member maps (slots, flags, staging ring)
+// and this process's handle on it. Internal.
+#pragma once
+
+#include <nodal/arena.hpp>
+#include <nodal/communicator.hpp>
+#include <nodal/detail/wait.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nodal::detail {
+
+constexpr std::size_t kCacheLine = 64;
+
+/// Which collective a call is (in the call header, so that ranks can tell a mismatch).
+enum class CollKind : std::uint8_t {
+  barrier = 1, allreduce, reduce, broadcast, allgather, reduce_scatter, gather, scatter, alltoall, split
+};
+const char* coll_kind_name(CollKind kind) noexcept;
+
+/// A rank's description of its current call, published in its slot. The data of a small call
+/// follows it in the same slot (for a few bytes, in the same cache line: one transfer carries
+/// flag, description and data).
+struct CallHeader {
+  std::atomic<std::uint64_t> seq;  ///< the call this header describes; stored last (release)
+  CollKind kind;
+  DType dtype;
+  ReduceOp op;
+  std::uint8_t in_arena;   ///< 1: this rank's input is in the arena at input_offset
+  std::int32_t root;
+  std::uint64_t count;
+  std::uint64_t input_offset;
+  std::uint64_t output_offset;
+  std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
+};
+constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
+static_assert(sizeof(CallHeader) <= kInlineOffset);
+
+/// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
+/// Values are step_flag(seq, step): they only grow over the communicator's life.
+struct alignas(kCacheLine) Progress {
+  alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};    ///< my staged data of the step is ready
+  alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
+  alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
+};
+
+inline std::uint64_t step_flag(std::uint64_t seq, std::uint64_t step) { return (seq << 24) | (step + 1); }
+constexpr std::uint64_t kMaxSteps = (1u << 24) - 2;
+
+/// Sizes every member must agree on (they come from the same environment).
+struct CommConfig {
+  std::size_t small_max;    ///< bytes of a small call's per-rank data
+  std::size_t chunk_bytes;  ///< bytes per pipeline step (all blocks together)
+  int ring_depth;           ///< steps in flight
+  std::size_t slot_bytes() const;
+};
+
+/// The arena part, found by name.
+struct SharedComm {
+  std::uint64_t magic;
+  std::int32_t world_size;
+  std::uint64_t slot_bytes;
+  WaitWord word;  ///< every flag of the communicator notifies this one word
+};
+
+/// The pipelined path's buffers (allocated by the first call that needs them).
+struct SharedRing {
+  std::uint64_t magic;
+};
+
+/// This process's handle.
+struct CommState {
+  Arena* arena = nullptr;
+  std::string name;  ///< unique in the job; children's names derive from it
+  int rank = 0;
+  int size = 1;
+  std::vector<int> global_ranks;
+  CommConfig config{};
+  SharedComm* shared = nullptr;
+  std::byte* slots = nullptr;       ///< [rank][parity] slots of slot_bytes
+  Progress* progress = nullptr;     ///< [rank]
+  std::byte* stages = nullptr;      ///< [rank][ring_depth] * chunk_bytes (pipelined path)
+  std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
+  std::uint64_t seq = 0;            ///< collective calls made so far
+  int splits = 0;                   ///< split() calls made so far
+  std::string last_algorithm;
+  std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
+  std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
+
+  CallHeader& header(int r, std::uint64_t call) const {
+    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * 2 + (call & 1)) * config.slot_bytes());
+  }
+  std::byte* inline_data(int r, std::uint64_t call) const {
+    return reinterpret_cast<std::byte*>(&header(r, call)) + kInlineOffset;
+  }
+  std::byte* stage(int r, std::uint64_t step) const {
+    return stages + (static_cast<std::size_t>(r) * config.ring_depth + step % config.ring_depth) * config.chunk_bytes;
+  }
+  std::byte* result(int r, std::uint64_t step) const {
+    return results + (static_cast<std::size_t>(r) * config.ring_depth + step % config.ring_depth) * config.chunk_bytes;
+  }
+  /// Maps (or creates) the pipelined buffers; every member calls it at the same call.
+  void ensure_ring();
+};
+
+/// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES), read once.
+const CommConfig& comm_config();
+
+/// Maps (creating it if this rank is first) the communicator `name` of `global_ranks`, in which
+/// this process is `rank`. Throws ShmError when the arena has no room.
+std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, std::vector<int> global_ranks);
+
+/// Publishes `value` in `flag` and wakes sleepers of the communicator.
+inline void publish(const CommState& comm, std::atomic<std::uint64_t>& flag, std::uint64_t value) {
+  flag.store(value, std::memory_order_release);
+  notify(comm.shared->word);
+}
+
+/// Waits (the runtime's waiting helper: spin, yield when oversubscribed, futex) until
+/// `flag` >= value; throws PeerFailure when the job fails.
+void wait_flag(const CommState& comm, const std::atomic<std::uint64_t>& flag, std::uint64_t value, const char* what);
+
+}  // namespace nodal::detail

@@ -1,0 +1,309 @@
+// nodal::Communicator: checks each call's arguments on this rank, then hands it to the
+// shared-memory algorithms (shm/algorithms.cpp).
+#include <nodal/communicator.hpp>
+
+#include "comm_state.hpp"
+#include "reduce_kernels.hpp"
+#include "shm/algorithms.hpp"
+
+#include <nodal/context.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/detail/units.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace nodal {
+namespace {
+
+using detail::CollCall;
+using detail::CollKind;
+
+void check_root(const detail::CommState& c, int root, const char* what) {
+  if (root < 0 || root >= c.size) {
+    throw UsageError(fmt::format("{}: root {} is not a rank of communicator '{}' (size {})", what, root, c.name, c.size));
+  }
+}
+
+void check_buffer(const void* p, std::size_t elements, const char* what, const char* which) {
+  if (p == nullptr && elements != 0) throw UsageError(fmt::format("{}: {} is null but holds {} elements", what, which, elements));
+}
+
+/// count * world_size must not overflow, nor count * element size.
+void check_count(std::size_t count, DType dtype, int world_size, const char* what) {
+  if (count > SIZE_MAX / element_size(dtype) / static_cast<std::size_t>(world_size)) {
+    throw UsageError(fmt::format("{}: count {} is too large", what, count));
+  }
+}
+
+void check_tensor(const Tensor& t, const char* what, const char* which) {
+  if (!t.defined()) throw UsageError(fmt::format("{}: the {} tensor is undefined", what, which));
+  if (t.device().kind != Device::Kind::cpu) {
+    throw UsageError(fmt::format("{}: the {} tensor is on a cuda device; the shared-memory collectives take cpu tensors",
+                                 what, which));
+  }
+  if (!t.is_contiguous()) throw UsageError(fmt::format("{}: the {} tensor is not contiguous (call .contiguous())", what, which));
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.dtype() != b.dtype()) {
+    throw UsageError(fmt::format("{}: input dtype {} and output dtype {} differ", what, dtype_name(a.dtype()), dtype_name(b.dtype())));
+  }
+}
+
+void check_numel(const Tensor& t, std::size_t expected, const char* what, const char* which) {
+  if (static_cast<std::size_t>(t.numel()) != expected) {
+    throw UsageError(fmt::format("{}: the {} tensor has {} elements, expected {}", what, which, t.numel(), expected));
+  }
+}
+
+std::size_t numel(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+std::shared_ptr<detail::CommState>& world_state() {
+  static std::shared_ptr<detail::CommState> state;
+  return state;
+}
+
+}  // namespace
+
+Communicator world_communicator() {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  auto& state = world_state();
+  if (!state) {
+    Context ctx = init();
+    std::vector<int> ranks(static_cast<std::size_t>(ctx.world_size()));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    state = detail::open_comm(ctx.arena(), "world", ctx.rank(), std::move(ranks));
+  }
+  return Communicator(state);
+}
+
+Communicator Context::world() const { return world_communicator(); }
+
+detail::CommState& Communicator::state() const {
+  if (!state_) throw UsageError("invalid communicator (this rank passed a negative color to split)");
+  return *state_;
+}
+
+int Communicator::rank() const { return state().rank; }
+int Communicator::world_size() const { return state().size; }
+int Communicator::global_rank(int rank) const {
+  const auto& c = state();
+  if (rank < 0 || rank >= c.size) throw UsageError(fmt::format("global_rank: {} is not a rank of '{}'", rank, c.name));
+  return c.global_ranks[rank];
+}
+const std::string& Communicator::last_algorithm() const { return state().last_algorithm; }
+
+Communicator Communicator::split(int color, int key) const {
+  auto& c = state();
+  std::int32_t mine[2] = {color, key};
+  std::vector<std::int32_t> all(2 * static_cast<std::size_t>(c.size));
+  detail::run_collective(c, CollCall{CollKind::split, mine, all.data(), 2, DType::i32, ReduceOp::sum, -1});
+  const int index = c.splits++;
+  if (color < 0) return Communicator();
+  std::vector<int> members;
+  for (int j = 0; j < c.size; ++j) {
+    if (all[2 * j] == color) members.push_back(j);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+  int my_rank = static_cast<int>(std::find(members.begin(), members.end(), c.rank) - members.begin());
+  std::vector<int> global;
+  for (int j : members) global.push_back(c.global_ranks[j]);
+  return Communicator(detail::open_comm(*c.arena, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global)));
+}
+
+// ---- Raw buffers. ----
+
+void Communicator::allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
+  auto& c = state();
+  detail::check_reduce_op(op, dtype);
+  check_count(count, dtype, c.size, "allreduce");
+  check_buffer(input, count, "allreduce", "input");
+  check_buffer(output, count, "allreduce", "output");
+  detail::run_collective(c, CollCall{CollKind::allreduce, input, output, count, dtype, op, -1});
+}
+
+void Communicator::reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root) {
+  auto& c = state();
+  detail::check_reduce_op(op, dtype);
+  check_root(c, root, "reduce");
+  check_count(count, dtype, c.size, "reduce");
+  check_buffer(input, count, "reduce", "input");
+  if (c.rank == root) check_buffer(output, count, "reduce", "output");
+  detail::run_collective(c, CollCall{CollKind::reduce, input, output, count, dtype, op, root});
+}
+
+void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  check_root(c, root, "broadcast");
+  check_count(count, dtype, c.size, "broadcast");
+  check_buffer(buffer, count, "broadcast", "buffer");
+  detail::run_collective(c, CollCall{CollKind::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root});
+}
+
+void Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
+  auto& c = state();
+  check_count(count, dtype, c.size, "allgather");
+  check_buffer(input, count, "allgather", "input");
+  check_buffer(output, count * c.size, "allgather", "output");
+  detail::run_collective(c, CollCall{CollKind::allgather, input, output, count, dtype, ReduceOp::sum, -1});
+}
+
+void Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
+  auto& c = state();
+  detail::check_reduce_op(op, dtype);
+  check_count(count, dtype, c.size, "reduce_scatter");
+  check_buffer(input, count * c.size, "reduce_scatter", "input");
+  check_buffer(output, count, "reduce_scatter", "output");
+  detail::run_collective(c, CollCall{CollKind::reduce_scatter, input, output, count, dtype, op, -1});
+}
+
+void Communicator::gather(const void* input, void* output, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  check_root(c, root, "gather");
+  check_count(count, dtype, c.size, "gather");
+  check_buffer(input, count, "gather", "input");
+  if (c.rank == root) check_buffer(output, count * c.size, "gather", "output");
+  detail::run_collective(c, CollCall{CollKind::gather, input, output, count, dtype, ReduceOp::sum, root});
+}
+
+void Communicator::scatter(const void* input, void* output, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  check_root(c, root, "scatter");
+  check_count(count, dtype, c.size, "scatter");
+  if (c.rank == root) check_buffer(input, count * c.size, "scatter", "input");
+  check_buffer(output, count, "scatter", "output");
+  detail::run_collective(c, CollCall{CollKind::scatter, c.rank == root ? input : nullptr, output, count, dtype,
+                                     ReduceOp::sum, root});
+}
+
+void Communicator::alltoall(const void* input, void* output, std::size_t count, DType dtype) {
+  auto& c = state();
+  check_count(count, dtype, c.size, "alltoall");
+  check_buffer(input, count * c.size, "alltoall", "input");
+  check_buffer(output, count * c.size, "alltoall", "output");
+  if (input == output && count != 0 && c.size > 1) throw UsageError("alltoall: input and output must not overlap");
+  detail::run_collective(c, CollCall{CollKind::alltoall, input, output, count, dtype, ReduceOp::sum, -1});
+}
+
+void Communicator::barrier() {
+  detail::run_collective(state(), CollCall{CollKind::barrier, nullptr, nullptr, 0, DType::u8, ReduceOp::sum, -1});
+}
+
+void Communicator::send(const void* input, std::size_t count, DType dtype, int peer) {
+  check_buffer(input, count, "send", "input");
+  detail::send_message(state(), input, count, dtype, peer);
+}
+
+void Communicator::recv(void* output, std::size_t count, DType dtype, int peer) {
+  check_buffer(output, count, "recv", "output");
+  detail::recv_message(state(), output, count, dtype, peer);
+}
+
+// ---- Tensors. ----
+
+void Communicator::allreduce(Tensor& tensor, ReduceOp op) { allreduce(tensor, tensor, op); }
+
+void Communicator::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
+  check_tensor(input, "allreduce", "input");
+  check_tensor(output, "allreduce", "output");
+  check_same_dtype(input, output, "allreduce");
+  check_numel(output, numel(input), "allreduce", "output");
+  allreduce(input.data(), output.data(), numel(input), input.dtype(), op);
+}
+
+void Communicator::reduce(Tensor& tensor, ReduceOp op, int root) {
+  check_tensor(tensor, "reduce", "input");
+  reduce(tensor.data(), tensor.data(), numel(tensor), tensor.dtype(), op, root);
+}
+
+void Communicator::broadcast(Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "input");
+  broadcast(tensor.data(), numel(tensor), tensor.dtype(), root);
+}
+
+void Communicator::allgather(const Tensor& input, Tensor& output) {
+  check_tensor(input, "allgather", "input");
+  check_tensor(output, "allgather", "output");
+  check_same_dtype(input, output, "allgather");
+  check_numel(output, numel(input) * world_size(), "allgather", "output");
+  allgather(input.data(), output.data(), numel(input), input.dtype());
+}
+
+void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  check_tensor(input, "reduce_scatter", "input");
+  check_tensor(output, "reduce_scatter", "output");
+  check_same_dtype(input, output, "reduce_scatter");
+  check_numel(input, numel(output) * world_size(), "reduce_scatter", "input");
+  reduce_scatter(input.data(), output.data(), numel(output), output.dtype(), op);
+}
+
+void Communicator::gather(const Tensor& input, Tensor& output, int root) {
+  check_tensor(input, "gather", "input");
+  if (rank() == root) {
+    check_tensor(output, "gather", "output");
+    check_same_dtype(input, output, "gather");
+    check_numel(output, numel(input) * world_size(), "gather", "output");
+  }
+  gather(input.data(), output.defined() ? output.data() : nullptr, numel(input), input.dtype(), root);
+}
+
+void Communicator::scatter(const Tensor& input, Tensor& output, int root) {
+  check_tensor(output, "scatter", "output");
+  if (rank() == root) {
+    check_tensor(input, "scatter", "input");
+    check_same_dtype(input, output, "scatter");
+    check_numel(input, numel(output) * world_size(), "scatter", "input");
+  }
+  scatter(input.defined() ? input.data() : nullptr, output.data(), numel(output), output.dtype(), root);
+}
+
+void Communicator::alltoall(const Tensor& input, Tensor& output) {
+  check_tensor(input, "alltoall", "input");
+  check_tensor(output, "alltoall", "output");
+  check_same_dtype(input, output, "alltoall");
+  check_numel(output, numel(input), "alltoall", "output");
+  if (numel(input) % world_size() != 0) {
+    throw UsageError(fmt::format("alltoall: {} elements do not split into {} equal blocks", numel(input), world_size()));
+  }
+  alltoall(input.data(), output.data(), numel(input) / world_size(), input.dtype());
+}
+
+void Communicator::send(const Tensor& tensor, int peer) {
+  check_tensor(tensor, "send", "input");
+  send(tensor.data(), numel(tensor), tensor.dtype(), peer);
+}
+
+void Communicator::recv(Tensor& tensor, int peer) {
+  check_tensor(tensor, "recv", "output");
+  recv(tensor.data(), numel(tensor), tensor.dtype(), peer);
+}
+
+std::vector<AlgorithmRule> Communicator::algorithm_table() {
+  const auto& config = detail::comm_config();
+  std::string forced = detail::getenv_or_empty("NODAL_ALLREDUCE_ALGO");
+  if (forced.empty()) forced = detail::getenv_or_empty("NODAL_ALGO");
+  std::vector<AlgorithmRule> table;
+  for (const char* op : {"allreduce", "reduce", "reduce_scatter", "broadcast", "allgather", "gather", "scatter",
+                         "alltoall"}) {
+    std::string mine = std::string(op) == "allreduce" || forced == detail::getenv_or_empty("NODAL_ALGO") ? forced : "";
+    if (mine.empty() || mine == "auto") {
+      table.push_back({op, config.small_max, "small"});
+      table.push_back({op, SIZE_MAX, "in_place if every rank's buffers are in the arena, else pipelined"});
+    } else {
+      table.push_back({op, SIZE_MAX, mine + " (forced; small only up to " + detail::format_bytes(config.small_max) +
+                                         ", in_place only with arena buffers)"});
+    }
+  }
+  return table;
+}
+
+}  // namespace nodal

@@ -1,0 +1,211 @@
+// The reductions. Built with -O3 (collectives/CMakeLists.txt) so that GCC vectorises the inner
+// loops over a tile; bench/nodal-bench measures them against memcpy.
+#include "reduce_kernels.hpp"
+
+#include <nodal/errors.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+/// Elements per tile: the accumulator stays in L1 while the n sources stream through.
+constexpr std::size_t kTile = 512;
+
+// ---- Storage <-> accumulation conversions. ----
+
+inline float bf16_to_f32(std::uint16_t bits) {
+  std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+inline std::uint16_t f32_to_bf16(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+inline float f16_to_f32(std::uint16_t bits) {
+  _Float16 half;
+  std::memcpy(&half, &bits, sizeof half);
+  return static_cast<float>(half);
+}
+
+inline std::uint16_t f32_to_f16(float value) {
+  _Float16 half = static_cast<_Float16>(value);  // IEEE round to nearest even
+  std::uint16_t bits;
+  std::memcpy(&bits, &half, sizeof bits);
+  return bits;
+}
+
+/// How a storage type T is read into and written from its accumulation type A.
+template <class T, class A>
+struct Plain {
+  using Storage = T;
+  using Acc = A;
+  static A load(T x) { return static_cast<A>(x); }
+  static T store(A x) { return static_cast<T>(x); }
+};
+struct Bf16 {
+  using Storage = std::uint16_t;
+  using Acc = float;
+  static float load(std::uint16_t x) { return bf16_to_f32(x); }
+  static std::uint16_t store(float x) { return f32_to_bf16(x); }
+};
+struct F16 {
+  using Storage = std::uint16_t;
+  using Acc = float;
+  static float load(std::uint16_t x) { return f16_to_f32(x); }
+  static std::uint16_t store(float x) { return f32_to_f16(x); }
+};
+
+// ---- Operators on the accumulation type. ----
+
+struct Sum {
+  template <class A>
+  static A apply(A a, A b) { return a + b; }
+};
+struct Prod {
+  template <class A>
+  static A apply(A a, A b) { return a * b; }
+};
+struct Min {
+  template <class A>
+  static A apply(A a, A b) { return b < a ? b : a; }
+};
+struct Max {
+  template <class A>
+  static A apply(A a, A b) { return a < b ? b : a; }
+};
+struct Or {
+  template <class A>
+  static A apply(A a, A b) { return static_cast<A>(a | b); }
+};
+struct And {
+  template <class A>
+  static A apply(A a, A b) { return static_cast<A>(a & b); }
+};
+
+template <class Conv, class Op, bool kAverage>
+void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count) {
+  using T = typename Conv::Storage;
+  using A = typename Conv::Acc;
+  auto* out = static_cast<T*>(out_raw);
+  for (std::size_t base = 0; base < count; base += kTile) {
+    const std::size_t len = std::min(kTile, count - base);
+    A acc[kTile];
+    const T* first = static_cast<const T*>(srcs_raw[0]) + base;
+    for (std::size_t k = 0; k < len; ++k) acc[k] = Conv::load(first[k]);
+    for (int j = 1; j < n; ++j) {
+      const T* src = static_cast<const T*>(srcs_raw[j]) + base;
+      for (std::size_t k = 0; k < len; ++k) acc[k] = Op::apply(acc[k], Conv::load(src[k]));
+    }
+    if constexpr (kAverage) {
+      if constexpr (std::is_integral_v<A>) {
+        // Integer avg: the 64-bit sum divided by n, toward zero.
+        for (std::size_t k = 0; k < len; ++k) acc[k] = static_cast<A>(static_cast<std::int64_t>(acc[k]) / n);
+      } else {
+        const A divisor = static_cast<A>(n);
+        for (std::size_t k = 0; k < len; ++k) acc[k] = acc[k] / divisor;
+      }
+    }
+    T* dst = out + base;
+    for (std::size_t k = 0; k < len; ++k) dst[k] = Conv::store(acc[k]);
+  }
+}
+
+using Kernel = void (*)(void*, const void* const*, int, std::size_t);
+
+/// Integers: sum, prod and avg accumulate in 64 bits, wrapping (unsigned arithmetic, so no
+/// undefined behaviour); truncating to T afterwards gives exactly T's own wrap-around. min and
+/// max compare in T's own signedness.
+template <class T>
+Kernel integer_kernel(ReduceOp op) {
+  using Wide = Plain<T, std::uint64_t>;
+  using Same = Plain<T, T>;
+  switch (op) {
+    case ReduceOp::sum: return fold<Wide, Sum, false>;
+    case ReduceOp::prod: return fold<Wide, Prod, false>;
+    case ReduceOp::min: return fold<Same, Min, false>;
+    case ReduceOp::max: return fold<Same, Max, false>;
+    case ReduceOp::avg: return fold<Wide, Sum, true>;  // the wrapped sum read as signed, / n
+  }
+  return nullptr;
+}
+
+template <class Conv>
+Kernel float_kernel(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return fold<Conv, Sum, false>;
+    case ReduceOp::prod: return fold<Conv, Prod, false>;
+    case ReduceOp::min: return fold<Conv, Min, false>;
+    case ReduceOp::max: return fold<Conv, Max, false>;
+    case ReduceOp::avg: return fold<Conv, Sum, true>;
+  }
+  return nullptr;
+}
+
+Kernel bool_kernel(ReduceOp op) {
+  using Conv = Plain<std::uint8_t, std::uint8_t>;
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::max: return fold<Conv, Or, false>;
+    case ReduceOp::prod:
+    case ReduceOp::min: return fold<Conv, And, false>;
+    case ReduceOp::avg: break;
+  }
+  return nullptr;
+}
+
+Kernel kernel_for(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::bool_: return bool_kernel(op);
+    case DType::u8: return integer_kernel<std::uint8_t>(op);
+    case DType::i8: return integer_kernel<std::int8_t>(op);
+    case DType::i32: return integer_kernel<std::int32_t>(op);
+    case DType::i64: return integer_kernel<std::int64_t>(op);
+    case DType::f16: return float_kernel<F16>(op);
+    case DType::bf16: return float_kernel<Bf16>(op);
+    case DType::f32: return float_kernel<Plain<float, float>>(op);
+    case DType::f64: return float_kernel<Plain<double, double>>(op);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void check_reduce_op(ReduceOp op, DType dtype) {
+  if (kernel_for(dtype, op) == nullptr) {
+    throw UsageError(fmt::format("reduce op {} is not defined for dtype {}", reduce_op_name(op), dtype_name(dtype)));
+  }
+}
+
+void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count) {
+  kernel_for(dtype, op)(out, srcs, n, count);
+}
+
+}  // namespace nodal::detail
+
+namespace nodal {
+
+const char* reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::prod: return "prod";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::avg: return "avg";
+  }
+  return "?";
+}
+
+}  // namespace nodal

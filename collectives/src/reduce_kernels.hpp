@@ -1,0 +1,22 @@
+// Elementwise reductions of n inputs in rank order: the arithmetic of every reducing collective.
+// Internal.
+#pragma once
+
+#include <nodal/communicator.hpp>
+#include <nodal/tensor.hpp>
+
+#include <cstddef>
+
+namespace nodal::detail {
+
+/// Throws UsageError for an (op, dtype) pair nodal does not define (avg of bool).
+void check_reduce_op(ReduceOp op, DType dtype);
+
+/// out[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], folded left to right in the
+/// accumulation type (f32 for f16 and bf16; 64-bit wrap-around integers for integer sum, prod and
+/// avg), then for avg divided by n, then rounded once to dtype. Every element depends only on the
+/// inputs at its index, never on where a tile starts, so any split of the work gives the same bits.
+/// `out` may be one of the sources (it is written tile by tile after the tile's reads).
+void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count);
+
+}  // namespace nodal::detail

@@ -1,0 +1,27 @@
+// The shared-memory algorithms behind every Communicator call. Internal.
+#pragma once
+
+#include "comm_state.hpp"
+
+namespace nodal::detail {
+
+/// One collective call as the caller made it (arguments already checked for this rank).
+struct CollCall {
+  CollKind kind;
+  const void* input;
+  void* output;
+  std::size_t count;  ///< elements, as the public call defines it for `kind`
+  DType dtype;
+  ReduceOp op;
+  int root;  ///< -1 for calls without one
+};
+
+/// Runs `call` on `comm` (every member makes the same call). Throws UsageError when the members'
+/// calls differ, PeerFailure when the job fails while waiting.
+void run_collective(CommState& comm, const CollCall& call);
+
+/// Point-to-point over the pair's channel (rendezvous: send returns once recv has copied it all).
+void send_message(CommState& comm, const void* input, std::size_t count, DType dtype, int peer);
+void recv_message(CommState& comm, void* output, std::size_t count, DType dtype, int peer);
+
+}  // namespace nodal::detail
