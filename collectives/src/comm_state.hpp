@@ -87,7 +87,7 @@ struct CommState {
   std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
   std::uint64_t seq = 0;            ///< collective calls made so far
   int splits = 0;                   ///< split() calls made so far
-  std::string last_algorithm;
+  const char* last_algorithm = "";  ///< a static string
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
   std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
 

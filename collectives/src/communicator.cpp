@@ -100,7 +100,7 @@ int Communicator::global_rank(int rank) const {
   if (rank < 0 || rank >= c.size) throw UsageError(fmt::format("global_rank: {} is not a rank of '{}'", rank, c.name));
   return c.global_ranks[rank];
 }
-const std::string& Communicator::last_algorithm() const { return state().last_algorithm; }
+std::string Communicator::last_algorithm() const { return state().last_algorithm; }
 
 Communicator Communicator::split(int color, int key) const {
   auto& c = state();

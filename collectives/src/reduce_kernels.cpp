@@ -2,6 +2,8 @@
 // loops over a tile; bench/nodal-bench measures them against memcpy.
 #include "reduce_kernels.hpp"
 
+#include "copy.hpp"
+
 #include <nodal/errors.hpp>
 
 #include <algorithm>
@@ -15,7 +17,7 @@ namespace nodal::detail {
 namespace {
 
 /// Elements per tile: the accumulator stays in L1 while the n sources stream through.
-constexpr std::size_t kTile = 512;
+constexpr std::size_t kTile = 1024;
 
 // ---- Storage <-> accumulation conversions. ----
 
@@ -96,7 +98,7 @@ struct And {
 };
 
 template <class Conv, class Op, bool kAverage>
-void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count) {
+void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, bool stream) {
   using T = typename Conv::Storage;
   using A = typename Conv::Acc;
   auto* out = static_cast<T*>(out_raw);
@@ -119,11 +121,17 @@ void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count) 
       }
     }
     T* dst = out + base;
-    for (std::size_t k = 0; k < len; ++k) dst[k] = Conv::store(acc[k]);
+    if (stream) {
+      T tile[kTile];
+      for (std::size_t k = 0; k < len; ++k) tile[k] = Conv::store(acc[k]);
+      copy_bytes(dst, tile, len * sizeof(T), true);
+    } else {
+      for (std::size_t k = 0; k < len; ++k) dst[k] = Conv::store(acc[k]);
+    }
   }
 }
 
-using Kernel = void (*)(void*, const void* const*, int, std::size_t);
+using Kernel = void (*)(void*, const void* const*, int, std::size_t, bool);
 
 /// Integers: sum, prod and avg accumulate in 64 bits, wrapping (unsigned arithmetic, so no
 /// undefined behaviour); truncating to T afterwards gives exactly T's own wrap-around. min and
@@ -189,8 +197,8 @@ void check_reduce_op(ReduceOp op, DType dtype) {
   }
 }
 
-void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count) {
-  kernel_for(dtype, op)(out, srcs, n, count);
+void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count, bool stream) {
+  kernel_for(dtype, op)(out, srcs, n, count, stream);
 }
 
 }  // namespace nodal::detail

@@ -17,6 +17,8 @@ void check_reduce_op(ReduceOp op, DType dtype);
 /// avg), then for avg divided by n, then rounded once to dtype. Every element depends only on the
 /// inputs at its index, never on where a tile starts, so any split of the work gives the same bits.
 /// `out` may be one of the sources (it is written tile by tile after the tile's reads).
-void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count);
+/// `stream`: write `out` with non-temporal stores (large outputs nobody reads soon; copy.hpp).
+void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count,
+              bool stream = false);
 
 }  // namespace nodal::detail

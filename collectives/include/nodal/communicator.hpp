@@ -137,7 +137,7 @@ class Communicator {
   /// The algorithm table in force (defaults, then NODAL_* overrides), for printing and tests.
   static std::vector<AlgorithmRule> algorithm_table();
   /// The algorithm the last collective call of this process took ("small", ...; "" before any).
-  const std::string& last_algorithm() const;
+  std::string last_algorithm() const;
 
  private:
   friend class Context;

@@ -10,6 +10,7 @@
 // only after every reader has published `consumed` for the step that used them.
 #include "shm/algorithms.hpp"
 
+#include "copy.hpp"
 #include "reduce_kernels.hpp"
 
 #include <nodal/errors.hpp>
@@ -36,25 +37,42 @@ const char* algorithm_name(Algorithm algorithm) {
   return "?";
 }
 
-/// NODAL_<OP>_ALGO, else NODAL_ALGO: "" (auto) or an algorithm's name.
-std::string forced_algorithm(CollKind kind) {
-  static const std::string all = getenv_or_empty("NODAL_ALGO");
-  static const std::string allreduce = getenv_or_empty("NODAL_ALLREDUCE_ALGO");
-  std::string value = kind == CollKind::allreduce && !allreduce.empty() ? allreduce : all;
-  if (value == "auto") value.clear();
-  if (!value.empty() && value != "small" && value != "pipelined" && value != "in_place") {
-    throw UsageError(fmt::format("NODAL_ALGO / NODAL_ALLREDUCE_ALGO='{}': use auto, small, pipelined or in_place", value));
-  }
-  return value;
+/// An algorithm forced by the environment, or automatic choice.
+enum class Forced { none, small, pipelined, in_place };
+
+Forced parse_forced(const char* variable) {
+  std::string value = getenv_or_empty(variable);
+  if (value.empty() || value == "auto") return Forced::none;
+  if (value == "small") return Forced::small;
+  if (value == "pipelined") return Forced::pipelined;
+  if (value == "in_place") return Forced::in_place;
+  throw UsageError(fmt::format("{}='{}': use auto, small, pipelined or in_place", variable, value));
 }
+
+/// NODAL_ALLREDUCE_ALGO for allreduce, else NODAL_ALGO (read once).
+Forced forced_algorithm(CollKind kind) {
+  static const Forced all = parse_forced("NODAL_ALGO");
+  static const Forced allreduce = parse_forced("NODAL_ALLREDUCE_ALGO");
+  return kind == CollKind::allreduce && allreduce != Forced::none ? allreduce : all;
+}
+
+/// Room for the per-peer source pointers of a reduction without a heap allocation per call.
+class Sources {
+ public:
+  explicit Sources(int n) : heap_(n > kInline ? static_cast<std::size_t>(n) : 0) {}
+  const void*& operator[](int j) { return heap_.empty() ? inline_[j] : heap_[j]; }
+  const void* const* data() const { return heap_.empty() ? inline_ : heap_.data(); }
+
+ private:
+  static constexpr int kInline = 64;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+};
 
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
 
-/// Copies unless source and destination are the same bytes (in-place calls).
-void copy(void* dst, const void* src, std::size_t n) {
-  if (n != 0 && dst != src) std::memcpy(dst, src, n);
-}
+void copy(void* dst, const void* src, std::size_t n) { copy_bytes(dst, src, n); }
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
@@ -104,17 +122,17 @@ class Call {
     check_job_alive();
     seq_ = ++c_.seq;
     const bool small_fits = largest_contribution(call_, n_) <= c_.config.small_max;
-    const std::string forced = forced_algorithm(call_.kind);
-    const bool small = small_fits && (forced.empty() || forced == "small");
+    const Forced forced = forced_algorithm(call_.kind);
+    const bool small = small_fits && (forced == Forced::none || forced == Forced::small);
     publish_header(small);
     const bool all_in_arena = exchange_headers();
     Algorithm algorithm = Algorithm::pipelined;
     if (small) {
       algorithm = Algorithm::small;
-    } else if (all_in_arena && forced != "pipelined") {
+    } else if (all_in_arena && forced != Forced::pipelined) {
       algorithm = Algorithm::in_place;
     }
-    c_.last_algorithm = algorithm_name(algorithm);
+    c_.last_algorithm = algorithm_name(algorithm);  // a static string: no copy
     if (call_.kind == CollKind::barrier || call_.count == 0) return;
     if (algorithm == Algorithm::small) {
       run_small();
@@ -211,13 +229,13 @@ class Call {
       case CollKind::allreduce:
       case CollKind::reduce: {
         if (call_.kind == CollKind::reduce && r_ != call_.root) return;
-        std::vector<const void*> srcs(static_cast<std::size_t>(n_));
+        Sources srcs(n_);
         for (int j = 0; j < n_; ++j) srcs[j] = j == r_ ? call_.input : c_.inline_data(j, seq_);
         reduce_n(call_.dtype, call_.op, call_.output, srcs.data(), n_, call_.count);
         return;
       }
       case CollKind::reduce_scatter: {
-        std::vector<const void*> srcs(static_cast<std::size_t>(n_));
+        Sources srcs(n_);
         for (int j = 0; j < n_; ++j) srcs[j] = (j == r_ ? bytes(call_.input) : c_.inline_data(j, seq_)) + r_ * n;
         reduce_n(call_.dtype, call_.op, call_.output, srcs.data(), n_, call_.count);
         return;
@@ -284,8 +302,11 @@ class Call {
     const bool any_gather = call_.kind != CollKind::reduce_scatter;
     // In place, peers read inputs where they are; allreduce's peers gather from outputs too.
     const bool direct_out = in_place && gather_all;
+    // Outputs nobody reads soon (the gathered blocks; my own block unless peers gather it from
+    // my output) are written with streaming stores when the message is large.
+    const bool stream = call_.count * esize_ >= kStreamMinBytes;
     const bool uses_ring = !in_place || (any_gather && !direct_out);
-    std::vector<const void*> srcs(static_cast<std::size_t>(n_));
+    Sources srcs(n_);
     for (std::size_t i = 0; i < steps; ++i) {
       if (uses_ring && i >= static_cast<std::size_t>(c_.config.ring_depth)) {
         for (int j = 0; j < n_; ++j) {
@@ -315,9 +336,9 @@ class Call {
       // else the result ring, copied to my output if I gather.
       const bool to_output = scatter || direct_out || (call_.kind == CollKind::reduce && r_ == call_.root);
       void* dst = to_output ? static_cast<void*>(bytes(call_.output) + mine.out * esize_) : c_.result(r_, i) + mine.ring;
-      reduce_n(call_.dtype, call_.op, dst, srcs.data(), n_, mine.len);
+      reduce_n(call_.dtype, call_.op, dst, srcs.data(), n_, mine.len, stream && to_output && !direct_out);
       if (any_gather) {
-        if (!to_output && gathers) std::memcpy(bytes(call_.output) + mine.out * esize_, dst, mine.len * esize_);
+        if (!to_output && gathers) copy_bytes(bytes(call_.output) + mine.out * esize_, dst, mine.len * esize_, stream);
         publish(c_, progress(r_).reduced, flag(i));
       }
       if (gathers) {
@@ -326,7 +347,7 @@ class Call {
           wait_flag(c_, progress(b).reduced, flag(i), "collective");
           Piece p = piece(i, b);
           const std::byte* from = direct_out ? bytes(peer_output(b)) + p.out * esize_ : c_.result(b, i) + p.ring;
-          std::memcpy(bytes(call_.output) + p.out * esize_, from, p.len * esize_);
+          copy_bytes(bytes(call_.output) + p.out * esize_, from, p.len * esize_, stream);
         }
       }
       publish(c_, progress(r_).consumed, flag(i));
@@ -359,6 +380,7 @@ class Call {
     auto in_block = [&](int q) -> std::size_t { return per_consumer ? q * call_.count : 0; };
     auto out_block = [&](int p) -> std::size_t { return rooted_producer ? 0 : p * call_.count; };
     const std::size_t esize = esize_;
+    const bool stream = call_.count * esize >= kStreamMinBytes;
     // My own block needs no staging.
     if (producer(r_) && consumer(r_)) {
       copy(bytes(call_.output) + out_block(r_) * esize, bytes(call_.input) + in_block(r_) * esize, call_.count * esize);
@@ -391,7 +413,7 @@ class Call {
             wait_flag(c_, progress(p).posted, flag(i), "collective");
             from = c_.stage(p, i) + (per_consumer ? r_ * per_step * esize : 0);
           }
-          std::memcpy(bytes(call_.output) + (out_block(p) + begin) * esize, from, len * esize);
+          copy_bytes(bytes(call_.output) + (out_block(p) + begin) * esize, from, len * esize, stream);
         }
         publish(c_, progress(r_).consumed, flag(i));
       }
