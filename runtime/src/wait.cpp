@@ -87,7 +87,6 @@ void Waiter::check() const {
 }
 
 bool Waiter::spin() {
-  if (rounds_ == 0) started_ = Clock::now();
   ++rounds_;
   const bool crowded = oversubscribed();
   if (!crowded || rounds_ <= kOversubscribedSpins) {
@@ -97,7 +96,11 @@ bool Waiter::spin() {
   }
   if (rounds_ % kCheckEvery != 0 && !(crowded && rounds_ > kOversubscribedSpins)) return true;
   check();
-  return Clock::now() - started_ < (crowded ? std::chrono::duration_cast<Clock::duration>(kYieldTime)
+  // The clock starts at the first check, not the first spin: a wait that ends within a few
+  // hundred spins (the common case on a hot path) never reads it.
+  Clock::time_point now = Clock::now();
+  if (started_ == Clock::time_point{}) started_ = now;
+  return now - started_ < (crowded ? std::chrono::duration_cast<Clock::duration>(kYieldTime)
                                             : std::chrono::duration_cast<Clock::duration>(kSpinTime));
 }
 
