@@ -9,8 +9,8 @@ packages=(
   libboost1.81-dev libboost-stacktrace1.81-dev
   libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libdlpack-dev libeigen3-dev
-  mpich openmpi-bin libgloo-dev
+  libdlpack-dev libeigen3-dev zlib1g-dev
+  mpich openmpi-bin libgloo-dev libmpich-dev libopenmpi-dev python3
   dataset-fashion-mnist
   gnuplot-nox hyperfine jq
 )

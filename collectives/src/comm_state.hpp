@@ -46,6 +46,8 @@ struct alignas(kCacheLine) Progress {
   alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};    ///< my staged data of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
+  /// Keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
+  alignas(kCacheLine) std::byte padding[kCacheLine];
 };
 
 inline std::uint64_t step_flag(std::uint64_t seq, std::uint64_t step) { return (seq << 24) | (step + 1); }
