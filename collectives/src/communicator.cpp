@@ -26,6 +26,12 @@ namespace {
 using detail::CollCall;
 using detail::CollKind;
 
+void check_reduce_op(ReduceOp op, DType dtype) {
+  if (!detail::reduce_op_defined(op, dtype)) {
+    throw UsageError(fmt::format("reduce op {} is not defined for dtype {}", reduce_op_name(op), dtype_name(dtype)));
+  }
+}
+
 void check_root(const detail::CommState& c, int root, const char* what) {
   if (root < 0 || root >= c.size) {
     throw UsageError(fmt::format("{}: root {} is not a rank of communicator '{}' (size {})", what, root, c.name, c.size));
@@ -124,7 +130,7 @@ Communicator Communicator::split(int color, int key) const {
 
 void Communicator::allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
   auto& c = state();
-  detail::check_reduce_op(op, dtype);
+  check_reduce_op(op, dtype);
   check_count(count, dtype, c.size, "allreduce");
   check_buffer(input, count, "allreduce", "input");
   check_buffer(output, count, "allreduce", "output");
@@ -133,7 +139,7 @@ void Communicator::allreduce(const void* input, void* output, std::size_t count,
 
 void Communicator::reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root) {
   auto& c = state();
-  detail::check_reduce_op(op, dtype);
+  check_reduce_op(op, dtype);
   check_root(c, root, "reduce");
   check_count(count, dtype, c.size, "reduce");
   check_buffer(input, count, "reduce", "input");
@@ -159,7 +165,7 @@ void Communicator::allgather(const void* input, void* output, std::size_t count,
 
 void Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
   auto& c = state();
-  detail::check_reduce_op(op, dtype);
+  check_reduce_op(op, dtype);
   check_count(count, dtype, c.size, "reduce_scatter");
   check_buffer(input, count * c.size, "reduce_scatter", "input");
   check_buffer(output, count, "reduce_scatter", "output");

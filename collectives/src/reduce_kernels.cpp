@@ -4,14 +4,10 @@
 
 #include "copy.hpp"
 
-#include <nodal/errors.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-
-#include <fmt/format.h>
 
 namespace nodal::detail {
 namespace {
@@ -191,11 +187,7 @@ Kernel kernel_for(DType dtype, ReduceOp op) {
 
 }  // namespace
 
-void check_reduce_op(ReduceOp op, DType dtype) {
-  if (kernel_for(dtype, op) == nullptr) {
-    throw UsageError(fmt::format("reduce op {} is not defined for dtype {}", reduce_op_name(op), dtype_name(dtype)));
-  }
-}
+bool reduce_op_defined(ReduceOp op, DType dtype) noexcept { return kernel_for(dtype, op) != nullptr; }
 
 void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count, bool stream) {
   kernel_for(dtype, op)(out, srcs, n, count, stream);

@@ -9,8 +9,8 @@
 
 namespace nodal::detail {
 
-/// Throws UsageError for an (op, dtype) pair nodal does not define (avg of bool).
-void check_reduce_op(ReduceOp op, DType dtype);
+/// False for an (op, dtype) pair nodal does not define (avg of bool).
+bool reduce_op_defined(ReduceOp op, DType dtype) noexcept;
 
 /// out[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], folded left to right in the
 /// accumulation type (f32 for f16 and bf16; 64-bit wrap-around integers for integer sum, prod and

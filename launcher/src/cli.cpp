@@ -69,6 +69,7 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
   }
   try {
     options.shm_size = detail::parse_bytes(shm_size);
+    if (options.shm_size == 0) throw UsageError("the arena needs at least one byte");
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("--shm-size: {}", e.what()));
   }

@@ -36,7 +36,9 @@ std::size_t default_arena_bytes() {
   std::string text = getenv_or_empty("NODAL_SHM_SIZE");
   if (text.empty()) return kDefaultArenaBytes;
   try {
-    return parse_bytes(text);
+    std::size_t bytes = parse_bytes(text);
+    if (bytes == 0) throw UsageError("the arena needs at least one byte");
+    return bytes;
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("NODAL_SHM_SIZE: {}", e.what()));
   }

@@ -2,6 +2,7 @@
 #include <nodal/errors.hpp>
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -29,12 +30,14 @@ std::size_t parse_bytes(const std::string& text) {
   for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double scale = 0;
   if (suffix.empty() || suffix == "B") scale = 1;
-  if (suffix == "K" || suffix == "KB" || suffix == "KIB") scale = 1024.0;
-  if (suffix == "M" || suffix == "MB" || suffix == "MIB") scale = 1024.0 * 1024;
-  if (suffix == "G" || suffix == "GB" || suffix == "GIB") scale = 1024.0 * 1024 * 1024;
-  if (suffix == "T" || suffix == "TB" || suffix == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
-  // At least one byte and at most 1 PiB: no zero-sized arena, no overflow in the conversion.
-  if (end == text.c_str() || scale == 0 || !(value * scale >= 1) || !(value * scale <= 0x1p50)) {
+  // K, KB, KI and KIB all mean 1024 (as nodalrun's --shm-size and torch's sizes): so for M, G, T.
+  const char* prefixes = "KMGT";
+  for (int i = 0; i < 4; ++i) {
+    std::string p(1, prefixes[i]);
+    if (suffix == p || suffix == p + "B" || suffix == p + "I" || suffix == p + "IB") scale = std::ldexp(1.0, 10 * (i + 1));
+  }
+  // At most 1 PiB: no overflow in the conversion. Callers that cannot take 0 check for it.
+  if (end == text.c_str() || scale == 0 || !(value * scale >= 0) || !(value * scale <= 0x1p50)) {
     throw UsageError(fmt::format("'{}' is not a size (examples: 4096, 64M, 2G)", text));
   }
   return static_cast<std::size_t>(value * scale);

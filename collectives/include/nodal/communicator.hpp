@@ -29,14 +29,18 @@
 //              reduced blocks (reduce-scatter + all-gather), chunks pipelined through a ring;
 //   in_place   like pipelined but reading peers' buffers where they are (single copy), chosen when
 //              every rank's buffers are in the job arena (Tensor::empty_shared, share_memory()).
-// Environment overrides (read once per process):
-//   NODAL_ALLREDUCE_ALGO=small|pipelined|in_place|auto   force an allreduce algorithm (in_place
-//                                                       falls back when buffers are not in the arena)
+// Environment overrides (read once per process; every rank must see the same values):
+//   NODAL_ALLREDUCE_ALGO=auto|small|pipelined|in_place   allreduce's algorithm; NODAL_ALGO the
+//                                 same for every collective. A forced algorithm applies where it
+//                                 can: small only up to NODAL_SMALL_MAX_BYTES, in_place only when
+//                                 the buffers are in the arena; elsewhere the automatic choice.
 //   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
-//                                 (default 16 KiB)
-//   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB)
-// Sizes accept suffixes (64K, 1M, 2Mi). The per-rank slots and staging ring live in the arena:
-// about 2 * (small max + chunk) bytes per rank and communicator.
+//                                 (default 16 KiB; 0: never)
+//   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,
+//                                 at least 4096)
+// Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
+// arena (2 * (48 B + small max) per rank), and from the first pipelined call a staging ring
+// (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 
 #include <nodal/context.hpp>
@@ -110,9 +114,12 @@ class Communicator {
   void alltoall(const void* input, void* output, std::size_t count, DType dtype);
   /// Returns once every rank has called it.
   void barrier();
-  /// Blocks until `peer` has received the message (count elements of dtype) with recv, or it has
-  /// been copied into the pair's channel. Messages between two ranks arrive in order.
-  /// Mismatched count or dtype: UsageError on both sides.
+  /// Blocks until `peer` has received the message (count elements of dtype) with recv (a
+  /// rendezvous, like MPI_Ssend). Messages between two ranks arrive in order. Not part of the
+  /// collective call sequence: send/recv may be interleaved with collectives freely.
+  /// Mismatched count or dtype: UsageError on both sides, and that direction of the pair stays
+  /// unusable (every later send or recv on it throws UsageError at once); other pairs, the other
+  /// direction and collectives go on working.
   void send(const void* input, std::size_t count, DType dtype, int peer);
   void recv(void* output, std::size_t count, DType dtype, int peer);
 

@@ -1,0 +1,305 @@
+// Collectives under nodalrun: every collective x op x dtype x size x variant against coll_program's
+// independent reference, at world sizes 1, 2, 3, 4 and 8 (oversubscribed on a 2-core machine);
+// algorithm overrides, 100k back-to-back small allreduces, sub-communicators, send/recv, and
+// mismatched arguments (UsageError on every rank, the communicator usable afterwards).
+// coll_program exits 1 with a "FAIL rank R: ..." line naming the first wrong element.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <ostream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../support/child_process.hpp"
+#include "../support/paths.hpp"
+
+namespace nodal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// nodalrun -n N --timeout T [nodalrun_options] coll_program args...: a hang ends as exit code 124.
+ChildResult run_coll(int n, const std::vector<std::string>& args, std::vector<std::string> nodalrun_options = {},
+                     int timeout_s = 240) {
+  std::vector<std::string> argv = {"-n", std::to_string(n), "--timeout", std::to_string(timeout_s)};
+  argv.insert(argv.end(), nodalrun_options.begin(), nodalrun_options.end());
+  argv.push_back(kCollProgram);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(nodalrun_command(argv), std::chrono::seconds(timeout_s + 30));
+}
+
+/// What a rank's matrix summary line says.
+struct Summary {
+  int checks = 0;
+  std::string digest;
+  std::map<std::string, int> algorithms;  ///< "private:small" -> calls, allreduce with count > 0 only
+};
+
+/// rank -> summary, from "[r] rank R ... ok N checks digest D algorithms A in T ms" lines.
+std::map<int, Summary> summaries(const std::string& out) {
+  static const std::regex line(
+      R"(\[(\d+)\] rank (\d+)\b.* ok (\d+) checks digest ([0-9a-f]+) algorithms (\S+) in \d+ ms)");
+  std::map<int, Summary> result;
+  for (const std::string& l : lines_of(out)) {
+    std::smatch m;
+    if (!std::regex_match(l, m, line) || m[1] != m[2]) continue;
+    Summary s{std::stoi(m[3]), m[4], {}};
+    if (m[5] != "-") {
+      std::stringstream items(m[5]);
+      std::string item;
+      while (std::getline(items, item, ',')) {
+        auto eq = item.find('=');
+        s.algorithms[item.substr(0, eq)] = std::stoi(item.substr(eq + 1));
+      }
+    }
+    result[std::stoi(m[1])] = s;
+  }
+  return result;
+}
+
+/// The job succeeded and every one of its n ranks reported the same positive number of checks.
+void expect_all_ranks_ok(const ChildResult& r, int n) {
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto s = summaries(r.out);
+  ASSERT_EQ(s.size(), static_cast<std::size_t>(n)) << r.out;
+  for (const auto& [rank, summary] : s) {
+    EXPECT_GT(summary.checks, 0) << "rank " << rank;
+    EXPECT_EQ(summary.checks, s.begin()->second.checks) << "rank " << rank << " ran another number of checks";
+  }
+}
+
+/// Every rank's algorithms, summed.
+std::map<std::string, int> algorithms_used(const std::string& out) {
+  std::map<std::string, int> total;
+  for (const auto& [rank, summary] : summaries(out)) {
+    for (const auto& [name, calls] : summary.algorithms) total[name] += calls;
+  }
+  return total;
+}
+
+std::string describe(const std::map<std::string, int>& algorithms) {
+  std::string s;
+  for (const auto& [name, calls] : algorithms) s += name + "=" + std::to_string(calls) + " ";
+  return s;
+}
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, EveryCollectiveOpDtypeAndVariantAtSizes0And1And7And4097) {
+  // 4097 elements: small for 1-byte dtypes, past the 16 KiB small-path limit for 4- and 8-byte ones.
+  ChildResult r = run_coll(GetParam(), {"matrix", "sizes=0,1,7,4097"});
+  expect_all_ranks_ok(r, GetParam());
+}
+
+TEST_P(WorldSize, EveryOpAndDtypeAtAMillionAndThreeElements) {
+  int n = GetParam();
+  // Oversubscribed (8 ranks on 2 cores) and alone (nothing to combine): the dtypes that differ most
+  // (wrapping bytes, f16/bf16 rounding, f64), to keep the run short.
+  std::string dtypes = n == 1 || n >= 8 ? "dtypes=i8,i32,f16,bf16,f64" : "dtypes=all";
+  // Variants take turns (rotate=1) and a vector collective's whole buffer is the size (total=1),
+  // so that each rank's share of the checking stays the same at every world size.
+  ChildResult r = run_coll(
+      n, {"matrix", "sizes=1000003", dtypes, "variants=raw/out/private,tensor/in/shared", "rotate=1", "total=1"},
+      {"--shm-size", "2G"});
+  expect_all_ranks_ok(r, n);
+}
+
+TEST_P(WorldSize, SubCommunicatorsRunCollectivesConcurrently) {
+  int n = GetParam();
+  ChildResult r = run_coll(n, {"split", "sizes=0,1,7,4097", "variants=raw/out/private,tensor/in/shared,raw/in/shared"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_TRUE(contains(r.out, "[" + std::to_string(rank) + "] rank " + std::to_string(rank) + " split ok")) << r.out;
+  }
+  // One summary per rank, from its group of color rank % 3; the group's ranks agree on the checks.
+  auto s = summaries(r.out);
+  EXPECT_EQ(s.size(), static_cast<std::size_t>(n)) << r.out;
+  for (const auto& [rank, summary] : s) EXPECT_EQ(summary.checks, s.begin()->second.checks) << rank;
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, WorldSize, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+class SixtyFourMiB : public ::testing::TestWithParam<int> {};
+
+TEST_P(SixtyFourMiB, AllreduceOf64MiBPerRank) {
+  int n = GetParam();
+  // Four (op, dtype) pairs, the variants taking turns: private buffers (pipelined) and arena ones (in_place).
+  ChildResult r = run_coll(n,
+                           {"matrix", "sizes=64MiB", "colls=allreduce", "pairs=sum:f32,avg:bf16,max:i8,prod:f64",
+                            "variants=raw/out/private,tensor/in/shared,raw/in/private", "rotate=1"},
+                           {"--shm-size", "4G"});
+  expect_all_ranks_ok(r, n);
+  auto algorithms = algorithms_used(r.out);
+  EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
+  EXPECT_GT(algorithms["private:pipelined"], 0) << describe(algorithms);
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, SixtyFourMiB, ::testing::Values(2, 4),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+/// NODAL_* overrides: every algorithm must give the reference's bits (coll_program checks every
+/// element against it, so runs that pass agree with each other bit for bit), and the override must
+/// have taken effect.
+struct Override {
+  std::string name;
+  std::vector<std::string> env;  ///< NAME=VALUE, exported with nodalrun -x
+};
+
+void PrintTo(const Override& o, std::ostream* os) { *os << o.name; }
+
+class AlgorithmOverride : public ::testing::TestWithParam<Override> {};
+
+TEST_P(AlgorithmOverride, GivesTheReferenceBits) {
+  const int n = 3;
+  std::vector<std::string> options = {"--shm-size", "2G"};
+  for (const std::string& e : GetParam().env) options.insert(options.end(), {"-x", e});
+  ChildResult r =
+      run_coll(n,
+               {"matrix", "colls=allreduce", "sizes=0,1,7,4097,100003,1000003", "dtypes=i8,i64,f16,f32", "seed=7",
+                "rotate=1", "variants=raw/out/private,raw/in/shared,tensor/out/shared,tensor/in/private"},
+               options);
+  expect_all_ranks_ok(r, n);
+  auto algorithms = algorithms_used(r.out);
+  auto only = [&](const std::string& prefix, const std::set<std::string>& allowed) {
+    for (const auto& [name, calls] : algorithms) {
+      if (name.rfind(prefix, 0) == 0) {
+        EXPECT_TRUE(allowed.count(name)) << name << " in " << describe(algorithms);
+      }
+    }
+  };
+  const std::string& name = GetParam().name;
+  if (name == "default" || name == "auto") {
+    EXPECT_GT(algorithms["private:small"], 0) << describe(algorithms);
+    EXPECT_GT(algorithms["private:pipelined"], 0) << describe(algorithms);
+    EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
+    EXPECT_EQ(algorithms.count("private:in_place"), 0u) << describe(algorithms);
+  } else if (name == "small" || name == "small_max_8M") {
+    only("", {"private:small", "shared:small"});
+  } else if (name == "pipelined") {
+    only("", {"private:pipelined", "shared:pipelined"});
+  } else if (name == "in_place") {
+    only("shared:", {"shared:in_place"});
+    EXPECT_EQ(algorithms.count("private:in_place"), 0u)
+        << "private buffers cannot be read in place: " << describe(algorithms);
+  } else if (name == "small_max_0") {
+    EXPECT_EQ(algorithms.count("private:small") + algorithms.count("shared:small"), 0u) << describe(algorithms);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Collectives, AlgorithmOverride,
+    ::testing::Values(Override{"default", {}}, Override{"auto", {"NODAL_ALLREDUCE_ALGO=auto"}},
+                      // The small path needs the message in a slot: forcing it takes slots that large.
+                      Override{"small", {"NODAL_ALLREDUCE_ALGO=small", "NODAL_SMALL_MAX_BYTES=8M"}},
+                      Override{"pipelined", {"NODAL_ALLREDUCE_ALGO=pipelined"}},
+                      Override{"in_place", {"NODAL_ALLREDUCE_ALGO=in_place"}},
+                      Override{"small_max_0", {"NODAL_SMALL_MAX_BYTES=0"}},
+                      Override{"small_max_8M", {"NODAL_SMALL_MAX_BYTES=8M"}},
+                      Override{"chunk_4K", {"NODAL_CHUNK_BYTES=4K"}},
+                      // Not a multiple of any block size: uneven blocks and a short last chunk.
+                      Override{"chunk_4100_pipelined", {"NODAL_CHUNK_BYTES=4100", "NODAL_ALLREDUCE_ALGO=pipelined"}},
+                      Override{"chunk_64M_in_place", {"NODAL_CHUNK_BYTES=64M", "NODAL_ALLREDUCE_ALGO=in_place"}},
+                      // The header's own example of a size: "2Mi".
+                      Override{"chunk_2Mi", {"NODAL_CHUNK_BYTES=2Mi"}}),
+    [](const auto& p) { return p.param.name; });
+
+TEST(Collectives, ResultsAreTheSameFromRunToRun) {
+  std::vector<std::string> args = {"matrix",
+                                   "sizes=7,4097,100003",
+                                   "colls=allreduce,reduce_scatter,allgather",
+                                   "dtypes=i8,f16,bf16,f32",
+                                   "rotate=1",
+                                   "variants=raw/out/private,tensor/in/shared"};
+  ChildResult first = run_coll(4, args);
+  ChildResult second = run_coll(4, args);
+  expect_all_ranks_ok(first, 4);
+  expect_all_ranks_ok(second, 4);
+  auto a = summaries(first.out), b = summaries(second.out);
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(a[rank].digest, b[rank].digest) << "rank " << rank;
+}
+
+TEST(Collectives, ForkserverRanks) {
+  ChildResult r = run_coll(3, {"matrix", "sizes=0,7,4097", "variants=raw/out/private,tensor/in/shared"},
+                           {"--start-method", "forkserver"});
+  expect_all_ranks_ok(r, 3);
+}
+
+TEST(Collectives, ASingletonWithoutNodalrunIsAWorldOfOne) {
+  ChildResult r = run({kCollProgram, "matrix", "sizes=0,1,7,4097"}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "rank 0 ok ")) << r.out;
+}
+
+class Stress : public ::testing::TestWithParam<int> {};
+
+TEST_P(Stress, HundredThousandBackToBackSmallAllreduces) {
+  int n = GetParam();
+  ChildResult r = run_coll(n, {"stress", "iters=100000"}, {}, 200);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_TRUE(contains(r.out, "rank " + std::to_string(rank) + " stress ok 100000 allreduces")) << r.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, Stress, ::testing::Values(2, 3, 8),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+class Errors : public ::testing::TestWithParam<int> {};
+
+TEST_P(Errors, MismatchedArgumentsThrowUsageErrorOnEveryRankAndTheCommunicatorStillWorks) {
+  int n = GetParam();
+  ChildResult r = run_coll(n, {"mismatch"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::regex ok(R"(\[(\d+)\] rank \d+ mismatch ok (\d+) cases)");
+  std::map<int, int> cases;
+  for (const std::string& l : lines_of(r.out)) {
+    std::smatch m;
+    if (std::regex_match(l, m, ok)) cases[std::stoi(m[1])] = std::stoi(m[2]);
+  }
+  ASSERT_EQ(cases.size(), static_cast<std::size_t>(n)) << r.out;
+  for (const auto& [rank, count] : cases) EXPECT_EQ(count, cases[0]) << rank;
+  EXPECT_GE(cases[0], 40);
+  // Messages say what was wrong: the first case is a count mismatch.
+  EXPECT_TRUE(contains(r.out, "case allreduce count 8 vs 9: UsageError: ")) << r.out;
+}
+
+TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
+  int n = GetParam();
+  ChildResult r = run_coll(n, {"p2p"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_TRUE(contains(r.out, "rank " + std::to_string(rank) + " p2p ok")) << r.out;
+  }
+  // A mismatch per direction: 0->1 and 1->0, then 0->2 and 2->0. Both sides throw, and so does every
+  // later call on that direction (the library declares the channel unusable).
+  std::vector<std::pair<std::string, int>> cases = {{"send 8 recv 7", 1}, {"send f32 recv i32", 1}};
+  if (n >= 3) cases.insert(cases.end(), {{"send 7 recv 8", 2}, {"send large recv large+1", 2}});
+  for (const auto& [name, peer] : cases) {
+    for (int rank : {0, peer}) {
+      std::string prefix = "rank " + std::to_string(rank) + " p2p case " + name;
+      EXPECT_TRUE(contains(r.out, prefix + ": UsageError: ")) << prefix << "\n" << r.out;
+      EXPECT_TRUE(contains(r.out, prefix + ", later call: UsageError: ")) << prefix << "\n" << r.out;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+TEST(Collectives, RanksCallingDifferentCollectivesGetUsageError) {
+  ChildResult r = run_coll(3, {"mismatch_kind"}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(contains(r.out, "rank " + std::to_string(rank) + " mismatch_kind ok 2 cases")) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace nodal::testing
