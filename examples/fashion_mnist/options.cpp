@@ -1,0 +1,66 @@
+#include "options.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include <CLI/CLI.hpp>
+
+namespace fashion_mnist {
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  CLI::App app(
+      "Trains a 784-256-128-10 MLP on Fashion-MNIST: loader processes feed trainer ranks through shared tensors, "
+      "gradients are averaged with allreduce. Run it under nodalrun: nodalrun -n 2 fashion_mnist",
+      "fashion_mnist");
+  app.option_defaults()->always_capture_default();
+  app.add_option("--data-dir", o.data_dir, "directory with the four *-ubyte.gz IDX files");
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::Range(1, 1000));
+  app.add_option("--global-batch", o.global_batch, "samples per step over all trainers")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--shards", o.shards,
+                 "the global batch is split into this many shards (a power of two), whose gradients are summed "
+                 "in a fixed order (the trainer count must be a power of two dividing it)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--lr", o.learning_rate, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", o.seed, "seeds the initial weights and the shuffling");
+  app.add_option("--loaders", o.loaders, "loader processes per trainer")->check(CLI::Range(1, 64));
+  app.add_option("--prefetch", o.prefetch, "batches each loader may queue ahead of its trainer")
+      ->check(CLI::Range(1, 1024));
+  bool loader_ranks = false;
+  app.add_flag("--loader-ranks", loader_ranks,
+               "loaders are ranks of the job (nodalrun -n T*(1+loaders): ranks >= T load) instead of "
+               "nodal::spawn'ed children of each trainer");
+  app.add_option("--train-subset", o.train_subset, "train on the first N training samples (0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{60000}));
+  app.add_option("--test-subset", o.test_subset, "evaluate on the first N test samples (0: all)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{10000}));
+  app.add_option("--device", o.device, "cpu, or cuda (not built yet)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dump-weights", o.dump_weights, "rank 0 writes the final weights here (raw f32)");
+  app.add_option("--fail-at-step", o.fail_at_step, "failure drill: crash at this global step (from 0)");
+  app.add_option("--fail-rank", o.fail_rank, "failure drill: the trainer rank that crashes, or whose loader does");
+  app.add_option("--fail-in", o.fail_in, "failure drill: trainer or loader (that trainer's first loader)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, FailIn>{{"trainer", FailIn::trainer}, {"loader", FailIn::loader}}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
+  o.placement = loader_ranks ? LoaderPlacement::ranks : LoaderPlacement::children;
+  if (o.device == "cuda") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --device cuda: the GPU path needs the GPU collectives (issue 6), which are not "
+                 "built yet; use --device cpu\n");
+    std::exit(2);
+  }
+  if (o.global_batch % o.shards != 0) {
+    std::fprintf(stderr, "fashion_mnist: --global-batch %d is not a multiple of --shards %d\n", o.global_batch,
+                 o.shards);
+    std::exit(2);
+  }
+  return o;
+}
+
+}  // namespace fashion_mnist

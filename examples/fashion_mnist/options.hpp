@@ -1,0 +1,46 @@
+// The command line of the Fashion-MNIST job, and the training plan it fixes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fashion_mnist {
+
+/// Where the loaders run.
+enum class LoaderPlacement {
+  /// nodal::spawn'ed children of each trainer (forkserver start method): `nodalrun -n N` gives N
+  /// trainers, each with its own loaders, which share the trainer's decoded data copy-on-write.
+  children,
+  /// Ranks of the nodalrun job: `nodalrun -n T*(1+K)` gives T trainers (ranks 0..T-1) and K
+  /// loader ranks per trainer (ranks >= T).
+  ranks,
+};
+
+enum class FailIn { trainer, loader };
+
+struct Options {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int epochs = 10;
+  int global_batch = 256;  ///< samples per step over all trainers; fixed whatever the trainer count
+  int shards = 4;          ///< equal shards of the global batch, a power of two (see trainer.hpp)
+  float learning_rate = 0.05F;
+  float momentum = 0.9F;
+  std::uint64_t seed = 1;
+  int loaders = 1;   ///< loader processes per trainer
+  int prefetch = 4;  ///< batches each loader may have queued ahead of its trainer
+  LoaderPlacement placement = LoaderPlacement::children;
+  std::int64_t train_subset = 0;  ///< train on the first N training samples only (0: all 60000)
+  std::int64_t test_subset = 0;   ///< evaluate on the first N test samples only (0: all 10000)
+  std::string device = "cpu";
+  std::string dump_weights;  ///< rank 0 writes the final weights (raw little-endian f32) here
+  // The failure drill: one process throws at a global step.
+  std::int64_t fail_at_step = -1;
+  int fail_rank = 0;  ///< the trainer rank that fails, or whose first loader fails
+  FailIn fail_in = FailIn::trainer;
+};
+
+/// Parses argv. Prints help or a usage error and exits (0 or 2) when it must; exits 2 with one
+/// line for `--device cuda`, which needs the GPU collectives (issue 6).
+Options parse_options(int argc, char** argv);
+
+}  // namespace fashion_mnist
