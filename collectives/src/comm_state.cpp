@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -48,6 +52,18 @@ const char* coll_kind_name(CollKind kind) noexcept {
 }
 
 std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
+
+bool cma_allowed() {
+  static const bool allowed = [] {
+    if (getenv_or_empty("NODAL_CMA") == "0") return false;
+    // Yama's ptrace_scope 1 and up limits process_vm_readv to descendants: ranks are siblings.
+    std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+    int scope = 0;
+    if (yama && (yama >> scope) && scope != 0) return false;
+    return ::prctl(PR_GET_DUMPABLE) == 1;
+  }();
+  return allowed;
+}
 
 const CommConfig& comm_config() {
   static const CommConfig config = [] {
@@ -94,6 +110,8 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
                                  state->name));
   }
   state->progress = reinterpret_cast<Progress*>(base + header_bytes);
+  state->progress[rank].pid = static_cast<std::int32_t>(::getpid());
+  state->progress[rank].cma = cma_allowed() ? 1 : 0;
   state->slots = base + header_bytes + progress_bytes;
   return state;
 }

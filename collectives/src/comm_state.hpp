@@ -30,7 +30,8 @@ struct CallHeader {
   CollKind kind;
   DType dtype;
   ReduceOp op;
-  std::uint8_t in_arena;   ///< 1: this rank's input is in the arena at input_offset
+  std::uint8_t in_arena;   ///< 1: this rank's input is in the arena at input_offset; 0: input_offset
+                           ///< is its address in this rank's own memory (for cross-memory attach)
   std::int32_t root;
   std::uint64_t count;
   std::uint64_t input_offset;
@@ -46,8 +47,10 @@ struct alignas(kCacheLine) Progress {
   alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};    ///< my staged data of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
-  /// Keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
-  alignas(kCacheLine) std::byte padding[kCacheLine];
+  /// Written once when the rank opens the communicator, before its first header. The line also
+  /// keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
+  alignas(kCacheLine) std::int32_t pid = 0;
+  std::uint8_t cma = 0;  ///< 1: peers may read this rank's memory with process_vm_readv
 };
 
 inline std::uint64_t step_flag(std::uint64_t seq, std::uint64_t step) { return (seq << 24) | (step + 1); }
@@ -108,6 +111,11 @@ struct CommState {
   /// Maps (or creates) the pipelined buffers; every member calls it at the same call.
   void ensure_ring();
 };
+
+/// Whether peers can read this process's memory with process_vm_readv (cross-memory attach, the
+/// single-copy path of Open MPI's vader and MPICH for private buffers): no Yama ptrace restriction,
+/// a dumpable process, and NODAL_CMA not 0. Read once.
+bool cma_allowed();
 
 /// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES), read once.
 const CommConfig& comm_config();

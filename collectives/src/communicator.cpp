@@ -303,7 +303,11 @@ std::vector<AlgorithmRule> Communicator::algorithm_table() {
     std::string mine = std::string(op) == "allreduce" || forced == detail::getenv_or_empty("NODAL_ALGO") ? forced : "";
     if (mine.empty() || mine == "auto") {
       table.push_back({op, config.small_max, "small"});
-      table.push_back({op, SIZE_MAX, "in_place if every rank's buffers are in the arena, else pipelined"});
+      const bool copy = std::string(op) != "allreduce" && std::string(op) != "reduce" && std::string(op) != "reduce_scatter";
+      table.push_back({op, SIZE_MAX,
+                       copy ? "in_place if every rank's buffers are in the arena, else cma from 64 KiB where allowed, "
+                              "else pipelined"
+                            : "in_place if every rank's buffers are in the arena, else pipelined"});
     } else {
       table.push_back({op, SIZE_MAX, mine + " (forced; small only up to " + detail::format_bytes(config.small_max) +
                                          ", in_place only with arena buffers)"});

@@ -210,6 +210,29 @@ INSTANTIATE_TEST_SUITE_P(
                       Override{"chunk_2Mi", {"NODAL_CHUNK_BYTES=2Mi"}}),
     [](const auto& p) { return p.param.name; });
 
+/// The copy collectives' large-message paths for private buffers: cross-memory attach (one
+/// process_vm_readv per peer, the default where the kernel allows it) and staging through the ring
+/// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 1 get).
+class CopyPath : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CopyPath, GivesTheReferenceBits) {
+  const int n = 3;
+  const bool cma = GetParam() == "cma";
+  std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0"};
+  ChildResult r = run_coll(n,
+                           {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall", "sizes=100003,1000003",
+                            "dtypes=i8,f16,f64", "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
+                           options);
+  expect_all_ranks_ok(r, n);
+  auto algorithms = algorithms_used(r.out);
+  EXPECT_GT(algorithms[cma ? "private:cma" : "private:pipelined"], 0) << describe(algorithms);
+  EXPECT_EQ(algorithms.count(cma ? "private:pipelined" : "private:cma"), 0u) << describe(algorithms);
+  EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
+}
+
+INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged"),
+                         [](const auto& p) { return p.param; });
+
 TEST(Collectives, ResultsAreTheSameFromRunToRun) {
   std::vector<std::string> args = {"matrix",
                                    "sizes=7,4097,100003",

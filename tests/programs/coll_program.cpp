@@ -782,6 +782,7 @@ class Matrix {
           comm_.reduce(in, c.op, c.root);
         else
           comm_.reduce(in.data(), null_output ? nullptr : out.data(), count, c.dtype, c.op, c.root);
+        note_algorithm();
         if (root) {
           if (!v.in_place) input_unchanged(in, before);
           verify(out, 0, 0, count, reduced, "root's output");
@@ -805,6 +806,7 @@ class Matrix {
           comm_.broadcast(buf, c.root);
         else
           comm_.broadcast(buf.data(), count, c.dtype, c.root);
+        note_algorithm();
         auto [b, e] = my_slice(count);
         verify(
             buf, 0, b, e, [&](std::size_t k) { return input_of(c.root, k); }, "buffer");
@@ -826,6 +828,7 @@ class Matrix {
           comm_.allgather(in, out);
         else
           comm_.allgather(in.data(), out.data(), count, c.dtype);
+        note_algorithm();
         if (!v.in_place) input_unchanged(in, before);
         auto [b, e] = my_slice(n * count);
         verify(
@@ -848,6 +851,7 @@ class Matrix {
           comm_.reduce_scatter(in, out, c.op);
         else
           comm_.reduce_scatter(in.data(), out.data(), count, c.dtype, c.op);
+        note_algorithm();
         if (!v.in_place) input_unchanged(in, before);
         verify(
             out, 0, 0, count, [&](std::size_t k) { return reduced(rank_offset + k); }, "output block");
@@ -865,6 +869,7 @@ class Matrix {
           comm_.gather(in, out, c.root);
         else
           comm_.gather(in.data(), null_output ? nullptr : out.data(), count, c.dtype, c.root);
+        note_algorithm();
         input_unchanged(in, before);
         if (root) {
           verify(
@@ -890,6 +895,7 @@ class Matrix {
           comm_.scatter(in, out, c.root);
         else
           comm_.scatter(null_input ? nullptr : in.data(), out.data(), count, c.dtype, c.root);
+        note_algorithm();
         if (!null_input) input_unchanged(in, before);
         verify(
             out, 0, 0, count, [&](std::size_t k) { return input_of(c.root, rank_offset + k); }, "output");
@@ -906,6 +912,7 @@ class Matrix {
           comm_.alltoall(in, out);
         else
           comm_.alltoall(in.data(), out.data(), count, c.dtype);
+        note_algorithm();
         input_unchanged(in, before);
         verify(
             out, 0, 0, n * count,

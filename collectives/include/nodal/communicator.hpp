@@ -29,11 +29,16 @@
 //              reduced blocks (reduce-scatter + all-gather), chunks pipelined through a ring;
 //   in_place   like pipelined but reading peers' buffers where they are (single copy), chosen when
 //              every rank's buffers are in the job arena (Tensor::empty_shared, share_memory()).
+//   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 64 KiB per rank from
+//              private buffers: one process_vm_readv per peer (cross-memory attach, single copy, as
+//              Open MPI and MPICH do), where the kernel allows it (no Yama ptrace_scope >= 1) and
+//              NODAL_CMA is not 0; otherwise pipelined.
 // Environment overrides (read once per process; every rank must see the same values):
 //   NODAL_ALLREDUCE_ALGO=auto|small|pipelined|in_place   allreduce's algorithm; NODAL_ALGO the
 //                                 same for every collective. A forced algorithm applies where it
 //                                 can: small only up to NODAL_SMALL_MAX_BYTES, in_place only when
 //                                 the buffers are in the arena; elsewhere the automatic choice.
+//   NODAL_CMA=0                   never use cross-memory attach
 //   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
 //                                 (default 16 KiB; 0: never)
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,

@@ -17,7 +17,10 @@
 #include <nodal/detail/posix.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+
+#include <sys/uio.h>
 #include <string>
 #include <vector>
 
@@ -26,13 +29,19 @@
 namespace nodal::detail {
 namespace {
 
-enum class Algorithm { small, pipelined, in_place };
+enum class Algorithm { small, pipelined, in_place, cma };
+
+/// Copies of at least this many bytes per rank read private peer buffers with one
+/// process_vm_readv (a single copy, like Open MPI's and MPICH's CMA path) instead of staging
+/// them: below it the system call costs more than the second copy.
+constexpr std::size_t kCmaMinBytes = 64 * 1024;
 
 const char* algorithm_name(Algorithm algorithm) {
   switch (algorithm) {
     case Algorithm::small: return "small";
     case Algorithm::pipelined: return "pipelined";
     case Algorithm::in_place: return "in_place";
+    case Algorithm::cma: return "cma";
   }
   return "?";
 }
@@ -131,6 +140,8 @@ class Call {
       algorithm = Algorithm::small;
     } else if (all_in_arena && forced != Forced::pipelined) {
       algorithm = Algorithm::in_place;
+    } else if (!is_reduction(call_.kind) && forced == Forced::none && cma_usable()) {
+      algorithm = Algorithm::cma;
     }
     c_.last_algorithm = algorithm_name(algorithm);  // a static string: no copy
     if (call_.kind == CollKind::barrier || call_.count == 0) return;
@@ -141,7 +152,7 @@ class Call {
       if (is_reduction(call_.kind)) {
         run_pipelined_reduction(algorithm == Algorithm::in_place);
       } else {
-        run_pipelined_copy(algorithm == Algorithm::in_place);
+        run_pipelined_copy(algorithm);
       }
     }
   }
@@ -162,7 +173,7 @@ class Call {
     h.count = call_.count;
     Arena& arena = *c_.arena;
     h.in_arena = call_.input != nullptr && arena.contains(call_.input);
-    h.input_offset = h.in_arena ? arena.offset_of(call_.input) : 0;
+    h.input_offset = h.in_arena ? arena.offset_of(call_.input) : reinterpret_cast<std::uintptr_t>(call_.input);
     h.out_arena = call_.output != nullptr && arena.contains(call_.output);
     h.output_offset = h.out_arena ? arena.offset_of(call_.output) : 0;
     publish(c_, h.seq, seq_);
@@ -215,6 +226,35 @@ class Call {
   }
 
   const void* peer_input(int j) const { return c_.arena->at(c_.header(j, seq_).input_offset); }
+
+  /// Every rank whose input a peer reads allows cross-memory attach, and the data is large.
+  bool cma_usable() const {
+    if (call_.count * esize_ < kCmaMinBytes) return false;
+    for (int j = 0; j < n_; ++j) {
+      if (reads_peer_input(j) && c_.progress[j].cma == 0) return false;
+    }
+    return true;
+  }
+
+  /// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
+  /// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
+  void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const {
+    std::size_t done = 0;
+    while (done < n) {
+      iovec local{static_cast<std::byte*>(dst) + done, n - done};
+      iovec remote{reinterpret_cast<void*>(address + done), n - done};
+      ssize_t got = ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
+      if (got <= 0) {
+        int error = errno;
+        check_job_alive();
+        if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
+        throw Error(fmt::format("process_vm_readv from rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies "
+                                "through shared memory instead",
+                                j, c_.progress[j].pid, std::strerror(error)));
+      }
+      done += static_cast<std::size_t>(got);
+    }
+  }
   void* peer_output(int j) const { return c_.arena->at(c_.header(j, seq_).output_offset); }
   Progress& progress(int j) const { return c_.progress[j]; }
   std::uint64_t flag(std::uint64_t step) const { return step_flag(seq_, step); }
@@ -362,7 +402,12 @@ class Call {
 
   // ---- Pipelined copies: producers stage slices, consumers copy them out. ----
 
-  void run_pipelined_copy(bool in_place) {
+  void run_pipelined_copy(Algorithm algorithm) {
+    // in_place: peers' inputs are in the arena, read them there; cma: read them where they are
+    // with process_vm_readv, in one step; pipelined: stage them through the ring.
+    const bool in_place = algorithm == Algorithm::in_place;
+    const bool cma = algorithm == Algorithm::cma;
+    const bool direct = in_place || cma;
     const CollKind kind = call_.kind;
     const bool rooted_producer = kind == CollKind::broadcast || kind == CollKind::scatter;
     const bool rooted_consumer = kind == CollKind::gather;
@@ -373,7 +418,7 @@ class Call {
       return !rooted_consumer || j == call_.root;
     };
     const std::size_t slots = per_consumer ? static_cast<std::size_t>(n_) : 1;
-    const std::size_t per_step = block_elements(slots);
+    const std::size_t per_step = cma ? call_.count : block_elements(slots);
     const std::size_t steps = ceil_div(call_.count, per_step);
     // Element offsets: of the block producer p sends to consumer q in p's input, and of what q
     // receives from p in q's output.
@@ -390,7 +435,7 @@ class Call {
     for (std::size_t i = 0; i < steps; ++i) {
       const std::size_t begin = i * per_step;
       const std::size_t len = std::min(per_step, call_.count - begin);
-      if (i_produce && !in_place) {
+      if (i_produce && !direct) {
         if (i >= static_cast<std::size_t>(c_.config.ring_depth)) {
           for (int q = 0; q < n_; ++q) {
             if (q != r_ && consumer(q)) wait_consumed(q, i - c_.config.ring_depth);
@@ -406,6 +451,11 @@ class Call {
       if (consumer(r_)) {
         for (int p = 0; p < n_; ++p) {
           if (p == r_ || !producer(p)) continue;
+          std::byte* to = bytes(call_.output) + (out_block(p) + begin) * esize;
+          if (cma) {
+            cma_read(p, to, c_.header(p, seq_).input_offset + (in_block(r_) + begin) * esize, len * esize);
+            continue;
+          }
           const std::byte* from;
           if (in_place) {
             from = bytes(peer_input(p)) + (in_block(r_) + begin) * esize;
@@ -413,12 +463,12 @@ class Call {
             wait_flag(c_, progress(p).posted, flag(i), "collective");
             from = c_.stage(p, i) + (per_consumer ? r_ * per_step * esize : 0);
           }
-          copy_bytes(bytes(call_.output) + (out_block(p) + begin) * esize, from, len * esize, stream);
+          copy_bytes(to, from, len * esize, stream);
         }
         publish(c_, progress(r_).consumed, flag(i));
       }
     }
-    if (in_place && i_produce && steps > 0) {
+    if (direct && i_produce && steps > 0) {
       for (int q = 0; q < n_; ++q) {
         if (q != r_ && consumer(q)) wait_consumed(q, steps - 1);
       }
