@@ -152,7 +152,6 @@ class Communicator {
   std::string last_algorithm() const;
 
  private:
-  friend class Context;
   friend Communicator world_communicator();
   explicit Communicator(std::shared_ptr<detail::CommState> state) : state_(std::move(state)) {}
   detail::CommState& state() const;

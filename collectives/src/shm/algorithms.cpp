@@ -81,7 +81,6 @@ class Sources {
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
 const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
 
-void copy(void* dst, const void* src, std::size_t n) { copy_bytes(dst, src, n); }
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
@@ -287,14 +286,14 @@ class Call {
       case CollKind::gather:
       case CollKind::split:
         if (call_.kind == CollKind::gather && r_ != call_.root) return;
-        for (int j = 0; j < n_; ++j) copy(bytes(call_.output) + j * n, j == r_ ? call_.input : c_.inline_data(j, seq_), n);
+        for (int j = 0; j < n_; ++j) copy_bytes(bytes(call_.output) + j * n, j == r_ ? call_.input : c_.inline_data(j, seq_), n);
         return;
       case CollKind::scatter:
-        copy(call_.output, (r_ == call_.root ? bytes(call_.input) : c_.inline_data(call_.root, seq_)) + r_ * n, n);
+        copy_bytes(call_.output, (r_ == call_.root ? bytes(call_.input) : c_.inline_data(call_.root, seq_)) + r_ * n, n);
         return;
       case CollKind::alltoall:
         for (int j = 0; j < n_; ++j) {
-          copy(bytes(call_.output) + j * n, (j == r_ ? bytes(call_.input) : c_.inline_data(j, seq_)) + r_ * n, n);
+          copy_bytes(bytes(call_.output) + j * n, (j == r_ ? bytes(call_.input) : c_.inline_data(j, seq_)) + r_ * n, n);
         }
         return;
       case CollKind::barrier: return;
@@ -428,7 +427,7 @@ class Call {
     const bool stream = call_.count * esize >= kStreamMinBytes;
     // My own block needs no staging.
     if (producer(r_) && consumer(r_)) {
-      copy(bytes(call_.output) + out_block(r_) * esize, bytes(call_.input) + in_block(r_) * esize, call_.count * esize);
+      copy_bytes(bytes(call_.output) + out_block(r_) * esize, bytes(call_.input) + in_block(r_) * esize, call_.count * esize);
     }
     bool i_produce = false;
     for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
