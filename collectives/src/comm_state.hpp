@@ -9,10 +9,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace nodal::detail {
+
+class GpuBackend;
 
 constexpr std::size_t kCacheLine = 64;
 
@@ -37,6 +40,7 @@ struct CallHeader {
   std::uint64_t input_offset;
   std::uint64_t output_offset;
   std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
+  std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
 };
 constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
 static_assert(sizeof(CallHeader) <= kInlineOffset);
@@ -95,6 +99,9 @@ struct CommState {
   const char* last_algorithm = "";  ///< a static string
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
   std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
+  /// The GPU path (gpu_backend.hpp), made by the first call on cuda tensors, for `gpu_device`.
+  std::shared_ptr<GpuBackend> gpu;
+  int gpu_device = -1;
 
   CallHeader& header(int r, std::uint64_t call) const {
     return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * 2 + (call & 1)) * config.slot_bytes());

@@ -1,12 +1,16 @@
 // nodal::Communicator: checks each call's arguments on this rank, then hands it to the
-// shared-memory algorithms (shm/algorithms.cpp).
+// shared-memory algorithms (shm/algorithms.cpp), or for cuda tensors has the shared-memory path
+// check that every rank made the same call and hands the data to the GPU backend (gpu_backend.hpp).
 #include <nodal/communicator.hpp>
 
 #include "comm_state.hpp"
+#include "gpu_backend.hpp"
+#include "gpu_path.hpp"
 #include "reduce_kernels.hpp"
 #include "shm/algorithms.hpp"
 
 #include <nodal/context.hpp>
+#include <nodal/cuda.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
@@ -51,10 +55,6 @@ void check_count(std::size_t count, DType dtype, int world_size, const char* wha
 
 void check_tensor(const Tensor& t, const char* what, const char* which) {
   if (!t.defined()) throw UsageError(fmt::format("{}: the {} tensor is undefined", what, which));
-  if (t.device().kind != Device::Kind::cpu) {
-    throw UsageError(fmt::format("{}: the {} tensor is on a cuda device; the shared-memory collectives take cpu tensors",
-                                 what, which));
-  }
   if (!t.is_contiguous()) throw UsageError(fmt::format("{}: the {} tensor is not contiguous (call .contiguous())", what, which));
 }
 
@@ -67,6 +67,19 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
 void check_numel(const Tensor& t, std::size_t expected, const char* what, const char* which) {
   if (static_cast<std::size_t>(t.numel()) != expected) {
     throw UsageError(fmt::format("{}: the {} tensor has {} elements, expected {}", what, which, t.numel(), expected));
+  }
+}
+
+void check_device_arg(Device device, const char* what) {
+  if (device.kind == Device::Kind::cuda && device.index < 0) {
+    throw UsageError(fmt::format("{}: device cuda:{} has a negative index", what, device.index));
+  }
+}
+
+void check_peer(const detail::CommState& c, int peer, const char* what) {
+  if (peer < 0 || peer >= c.size || peer == c.rank) {
+    throw UsageError(fmt::format("{}: peer {} is not another rank of communicator '{}' (size {}, this rank {})", what,
+                                 peer, c.name, c.size, c.rank));
   }
 }
 
@@ -126,82 +139,202 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(detail::open_comm(*c.arena, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global)));
 }
 
-// ---- Raw buffers. ----
+// ---- Raw buffers: check this rank's arguments, then run the call on the shared-memory path. ----
+// The *_call functions are shared with the Tensor overloads, which may run on a GPU instead.
 
-void Communicator::allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
-  auto& c = state();
+namespace {
+
+CollCall allreduce_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype,
+                        ReduceOp op) {
   check_reduce_op(op, dtype);
   check_count(count, dtype, c.size, "allreduce");
   check_buffer(input, count, "allreduce", "input");
   check_buffer(output, count, "allreduce", "output");
-  detail::run_collective(c, CollCall{CollKind::allreduce, input, output, count, dtype, op, -1});
+  return CollCall{CollKind::allreduce, input, output, count, dtype, op, -1};
 }
 
-void Communicator::reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root) {
-  auto& c = state();
+CollCall reduce_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype,
+                     ReduceOp op, int root) {
   check_reduce_op(op, dtype);
   check_root(c, root, "reduce");
   check_count(count, dtype, c.size, "reduce");
   check_buffer(input, count, "reduce", "input");
   if (c.rank == root) check_buffer(output, count, "reduce", "output");
-  detail::run_collective(c, CollCall{CollKind::reduce, input, output, count, dtype, op, root});
+  return CollCall{CollKind::reduce, input, output, count, dtype, op, root};
 }
 
-void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
-  auto& c = state();
+CollCall broadcast_call(const detail::CommState& c, void* buffer, std::size_t count, DType dtype, int root) {
   check_root(c, root, "broadcast");
   check_count(count, dtype, c.size, "broadcast");
   check_buffer(buffer, count, "broadcast", "buffer");
-  detail::run_collective(c, CollCall{CollKind::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root});
+  return CollCall{CollKind::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root};
 }
 
-void Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
-  auto& c = state();
+CollCall allgather_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype) {
   check_count(count, dtype, c.size, "allgather");
   check_buffer(input, count, "allgather", "input");
   check_buffer(output, count * c.size, "allgather", "output");
-  detail::run_collective(c, CollCall{CollKind::allgather, input, output, count, dtype, ReduceOp::sum, -1});
+  return CollCall{CollKind::allgather, input, output, count, dtype, ReduceOp::sum, -1};
 }
 
-void Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
-  auto& c = state();
+CollCall reduce_scatter_call(const detail::CommState& c, const void* input, void* output, std::size_t count,
+                             DType dtype, ReduceOp op) {
   check_reduce_op(op, dtype);
   check_count(count, dtype, c.size, "reduce_scatter");
   check_buffer(input, count * c.size, "reduce_scatter", "input");
   check_buffer(output, count, "reduce_scatter", "output");
-  detail::run_collective(c, CollCall{CollKind::reduce_scatter, input, output, count, dtype, op, -1});
+  return CollCall{CollKind::reduce_scatter, input, output, count, dtype, op, -1};
 }
 
-void Communicator::gather(const void* input, void* output, std::size_t count, DType dtype, int root) {
-  auto& c = state();
+CollCall gather_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype,
+                     int root) {
   check_root(c, root, "gather");
   check_count(count, dtype, c.size, "gather");
   check_buffer(input, count, "gather", "input");
   if (c.rank == root) check_buffer(output, count * c.size, "gather", "output");
-  detail::run_collective(c, CollCall{CollKind::gather, input, output, count, dtype, ReduceOp::sum, root});
+  return CollCall{CollKind::gather, input, output, count, dtype, ReduceOp::sum, root};
 }
 
-void Communicator::scatter(const void* input, void* output, std::size_t count, DType dtype, int root) {
-  auto& c = state();
+CollCall scatter_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype,
+                      int root) {
   check_root(c, root, "scatter");
   check_count(count, dtype, c.size, "scatter");
   if (c.rank == root) check_buffer(input, count * c.size, "scatter", "input");
   check_buffer(output, count, "scatter", "output");
-  detail::run_collective(c, CollCall{CollKind::scatter, c.rank == root ? input : nullptr, output, count, dtype,
-                                     ReduceOp::sum, root});
+  return CollCall{CollKind::scatter, c.rank == root ? input : nullptr, output, count, dtype, ReduceOp::sum, root};
 }
 
-void Communicator::alltoall(const void* input, void* output, std::size_t count, DType dtype) {
-  auto& c = state();
+CollCall alltoall_call(const detail::CommState& c, const void* input, void* output, std::size_t count, DType dtype) {
   check_count(count, dtype, c.size, "alltoall");
   check_buffer(input, count * c.size, "alltoall", "input");
   check_buffer(output, count * c.size, "alltoall", "output");
   if (input == output && count != 0 && c.size > 1) throw UsageError("alltoall: input and output must not overlap");
-  detail::run_collective(c, CollCall{CollKind::alltoall, input, output, count, dtype, ReduceOp::sum, -1});
+  return CollCall{CollKind::alltoall, input, output, count, dtype, ReduceOp::sum, -1};
 }
 
-void Communicator::barrier() {
-  detail::run_collective(state(), CollCall{CollKind::barrier, nullptr, nullptr, 0, DType::u8, ReduceOp::sum, -1});
+CollCall barrier_call() { return CollCall{CollKind::barrier, nullptr, nullptr, 0, DType::u8, ReduceOp::sum, -1}; }
+
+// ---- The GPU path (gpu_backend.hpp). ----
+
+/// The communicator's GPU backend for `device`, made at its first GPU call: every rank's GPU
+/// UUID is gathered (on the shared-memory path) and the same path is chosen on every rank.
+detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
+  if (c.gpu) {
+    if (c.gpu_device != device) {
+      throw UsageError(fmt::format("communicator '{}' runs its GPU calls on cuda:{}; a tensor on cuda:{} cannot join "
+                                   "them (copy it with Tensor::to, or use one device per rank)",
+                                   c.name, c.gpu_device, device));
+    }
+    return *c.gpu;
+  }
+  const detail::GpuUuid mine = detail::gpu_uuid(device);
+  std::vector<detail::GpuUuid> all(static_cast<std::size_t>(c.size));
+  detail::run_collective(c, CollCall{CollKind::allgather, mine.data(), all.data(), mine.size(), DType::u8,
+                                     ReduceOp::sum, -1});
+  const detail::GpuPath path =
+      detail::choose_gpu_path(all, cuda::built_with_nccl(), detail::getenv_or_empty("NODAL_GPU_BACKEND"));
+  c.gpu = path == detail::GpuPath::nccl ? detail::make_nccl_backend(c, device)
+                                        : detail::make_cuda_ipc_backend(c, device);
+  c.gpu_device = device;
+  return *c.gpu;
+}
+
+/// Runs a checked call: on the shared-memory path, or (on_gpu) agreement there and the data on
+/// the GPU backend.
+void run(detail::CommState& c, CollCall call, Device device) {
+  if (device.kind == Device::Kind::cpu) return detail::run_collective(c, call);
+  call.on_gpu = true;
+  detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
+  detail::GpuBackend& gpu = gpu_backend(c, device.index);
+  c.last_algorithm = gpu.name();
+  const cuda::Stream stream = cuda::current_stream();
+  switch (call.kind) {
+    case CollKind::allreduce: return gpu.allreduce(call.input, call.output, call.count, call.dtype, call.op, stream);
+    case CollKind::reduce:
+      return gpu.reduce(call.input, call.output, call.count, call.dtype, call.op, call.root, stream);
+    case CollKind::broadcast: return gpu.broadcast(call.output, call.count, call.dtype, call.root, stream);
+    case CollKind::allgather: return gpu.allgather(call.input, call.output, call.count, call.dtype, stream);
+    case CollKind::reduce_scatter:
+      return gpu.reduce_scatter(call.input, call.output, call.count, call.dtype, call.op, stream);
+    case CollKind::gather: return gpu.gather(call.input, call.output, call.count, call.dtype, call.root, stream);
+    case CollKind::scatter: return gpu.scatter(call.input, call.output, call.count, call.dtype, call.root, stream);
+    case CollKind::alltoall: return gpu.alltoall(call.input, call.output, call.count, call.dtype, stream);
+    case CollKind::barrier: return gpu.barrier(stream);
+    case CollKind::split: break;
+  }
+  throw UsageError("internal: a split on the GPU path");
+}
+
+/// The device of a call's tensors: both on the same one (an undefined output, allowed on non-root
+/// ranks of rooted calls, takes the input's).
+Device call_device(const Tensor& input, const Tensor& output, const char* what) {
+  if (!output.defined()) return input.device();
+  if (!input.defined()) return output.device();
+  if (input.device() != output.device()) {
+    throw UsageError(fmt::format("{}: the input is on {} but the output on {}; both must be on one device", what,
+                                 device_name(input.device()), device_name(output.device())));
+  }
+  return input.device();
+}
+
+/// send/recv of cuda tensors: the backend exists only after a collective GPU call (making it is
+/// collective, and a send involves two ranks).
+detail::GpuBackend& p2p_backend(detail::CommState& c, Device device, const char* what) {
+  if (!c.gpu) {
+    throw UsageError(fmt::format("{} of a cuda tensor on communicator '{}': make one collective call on cuda tensors "
+                                 "first (e.g. barrier(Device::cuda(i))); it sets up the GPU path",
+                                 what, c.name));
+  }
+  return gpu_backend(c, device.index);
+}
+
+}  // namespace
+
+void Communicator::allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
+  auto& c = state();
+  detail::run_collective(c, allreduce_call(c, input, output, count, dtype, op));
+}
+
+void Communicator::reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root) {
+  auto& c = state();
+  detail::run_collective(c, reduce_call(c, input, output, count, dtype, op, root));
+}
+
+void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  detail::run_collective(c, broadcast_call(c, buffer, count, dtype, root));
+}
+
+void Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
+  auto& c = state();
+  detail::run_collective(c, allgather_call(c, input, output, count, dtype));
+}
+
+void Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
+  auto& c = state();
+  detail::run_collective(c, reduce_scatter_call(c, input, output, count, dtype, op));
+}
+
+void Communicator::gather(const void* input, void* output, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  detail::run_collective(c, gather_call(c, input, output, count, dtype, root));
+}
+
+void Communicator::scatter(const void* input, void* output, std::size_t count, DType dtype, int root) {
+  auto& c = state();
+  detail::run_collective(c, scatter_call(c, input, output, count, dtype, root));
+}
+
+void Communicator::alltoall(const void* input, void* output, std::size_t count, DType dtype) {
+  auto& c = state();
+  detail::run_collective(c, alltoall_call(c, input, output, count, dtype));
+}
+
+void Communicator::barrier() { detail::run_collective(state(), barrier_call()); }
+
+void Communicator::barrier(Device device) {
+  check_device_arg(device, "barrier");
+  run(state(), barrier_call(), device);
 }
 
 void Communicator::send(const void* input, std::size_t count, DType dtype, int peer) {
@@ -214,65 +347,78 @@ void Communicator::recv(void* output, std::size_t count, DType dtype, int peer) 
   detail::recv_message(state(), output, count, dtype, peer);
 }
 
-// ---- Tensors. ----
+// ---- Tensors: the same calls, on the tensors' device. ----
 
 void Communicator::allreduce(Tensor& tensor, ReduceOp op) { allreduce(tensor, tensor, op); }
 
 void Communicator::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
+  auto& c = state();
   check_tensor(input, "allreduce", "input");
   check_tensor(output, "allreduce", "output");
   check_same_dtype(input, output, "allreduce");
   check_numel(output, numel(input), "allreduce", "output");
-  allreduce(input.data(), output.data(), numel(input), input.dtype(), op);
+  run(c, allreduce_call(c, input.data(), output.data(), numel(input), input.dtype(), op),
+      call_device(input, output, "allreduce"));
 }
 
 void Communicator::reduce(Tensor& tensor, ReduceOp op, int root) {
+  auto& c = state();
   check_tensor(tensor, "reduce", "input");
-  reduce(tensor.data(), tensor.data(), numel(tensor), tensor.dtype(), op, root);
+  run(c, reduce_call(c, tensor.data(), tensor.data(), numel(tensor), tensor.dtype(), op, root), tensor.device());
 }
 
 void Communicator::broadcast(Tensor& tensor, int root) {
+  auto& c = state();
   check_tensor(tensor, "broadcast", "input");
-  broadcast(tensor.data(), numel(tensor), tensor.dtype(), root);
+  run(c, broadcast_call(c, tensor.data(), numel(tensor), tensor.dtype(), root), tensor.device());
 }
 
 void Communicator::allgather(const Tensor& input, Tensor& output) {
+  auto& c = state();
   check_tensor(input, "allgather", "input");
   check_tensor(output, "allgather", "output");
   check_same_dtype(input, output, "allgather");
   check_numel(output, numel(input) * world_size(), "allgather", "output");
-  allgather(input.data(), output.data(), numel(input), input.dtype());
+  run(c, allgather_call(c, input.data(), output.data(), numel(input), input.dtype()),
+      call_device(input, output, "allgather"));
 }
 
 void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  auto& c = state();
   check_tensor(input, "reduce_scatter", "input");
   check_tensor(output, "reduce_scatter", "output");
   check_same_dtype(input, output, "reduce_scatter");
   check_numel(input, numel(output) * world_size(), "reduce_scatter", "input");
-  reduce_scatter(input.data(), output.data(), numel(output), output.dtype(), op);
+  run(c, reduce_scatter_call(c, input.data(), output.data(), numel(output), output.dtype(), op),
+      call_device(input, output, "reduce_scatter"));
 }
 
 void Communicator::gather(const Tensor& input, Tensor& output, int root) {
+  auto& c = state();
   check_tensor(input, "gather", "input");
   if (rank() == root) {
     check_tensor(output, "gather", "output");
     check_same_dtype(input, output, "gather");
     check_numel(output, numel(input) * world_size(), "gather", "output");
   }
-  gather(input.data(), output.defined() ? output.data() : nullptr, numel(input), input.dtype(), root);
+  run(c, gather_call(c, input.data(), output.defined() ? output.data() : nullptr, numel(input), input.dtype(), root),
+      call_device(input, output, "gather"));
 }
 
 void Communicator::scatter(const Tensor& input, Tensor& output, int root) {
+  auto& c = state();
   check_tensor(output, "scatter", "output");
   if (rank() == root) {
     check_tensor(input, "scatter", "input");
     check_same_dtype(input, output, "scatter");
     check_numel(input, numel(output) * world_size(), "scatter", "input");
   }
-  scatter(input.defined() ? input.data() : nullptr, output.data(), numel(output), output.dtype(), root);
+  run(c, scatter_call(c, input.defined() ? input.data() : nullptr, output.data(), numel(output), output.dtype(), root),
+      call_device(input, output, "scatter"));
 }
 
 void Communicator::alltoall(const Tensor& input, Tensor& output) {
+  auto& c = state();
   check_tensor(input, "alltoall", "input");
   check_tensor(output, "alltoall", "output");
   check_same_dtype(input, output, "alltoall");
@@ -280,17 +426,24 @@ void Communicator::alltoall(const Tensor& input, Tensor& output) {
   if (numel(input) % world_size() != 0) {
     throw UsageError(fmt::format("alltoall: {} elements do not split into {} equal blocks", numel(input), world_size()));
   }
-  alltoall(input.data(), output.data(), numel(input) / world_size(), input.dtype());
+  run(c, alltoall_call(c, input.data(), output.data(), numel(input) / world_size(), input.dtype()),
+      call_device(input, output, "alltoall"));
 }
 
 void Communicator::send(const Tensor& tensor, int peer) {
+  auto& c = state();
   check_tensor(tensor, "send", "input");
-  send(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  if (tensor.device().kind == Device::Kind::cpu) return send(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  check_peer(c, peer, "send");
+  p2p_backend(c, tensor.device(), "send").send(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
 }
 
 void Communicator::recv(Tensor& tensor, int peer) {
+  auto& c = state();
   check_tensor(tensor, "recv", "output");
-  recv(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  if (tensor.device().kind == Device::Kind::cpu) return recv(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  check_peer(c, peer, "recv");
+  p2p_backend(c, tensor.device(), "recv").recv(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
 }
 
 std::vector<AlgorithmRule> Communicator::algorithm_table() {

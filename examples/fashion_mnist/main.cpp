@@ -132,7 +132,10 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
   }
 
   BatchReceiver receiver(trainer, options.loaders, options.prefetch, plan.local_batch());
-  DataParallelTrainer trainer_state(plan, options, comm);
+  // --device cuda: the GPU nodalrun --gpus gave this rank, else the first one (ranks then share it).
+  nodal::Device device{};
+  if (options.device == "cuda") device = ctx.device().kind == nodal::Device::Kind::cuda ? ctx.device() : nodal::Device::cuda(0);
+  DataParallelTrainer trainer_state(plan, options, comm, device);
   Progress progress(plan);
   StepTimes times;
   Summary summary;

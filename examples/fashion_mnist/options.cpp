@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include <nodal/cuda.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -36,7 +38,10 @@ Options parse_options(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{60000}));
   app.add_option("--test-subset", o.test_subset, "evaluate on the first N test samples (0: all)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{10000}));
-  app.add_option("--device", o.device, "cpu, or cuda (not built yet)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", o.device,
+                 "where the gradient allreduce runs: cpu (shared memory), or cuda (the rank's GPU: NCCL with one GPU "
+                 "per trainer, CUDA IPC when trainers share one; the model itself computes on the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dump-weights", o.dump_weights, "rank 0 writes the final weights here (raw f32)");
   app.add_option("--fail-at-step", o.fail_at_step, "failure drill: crash at this global step (from 0)");
   app.add_option("--fail-rank", o.fail_rank, "failure drill: the trainer rank that crashes, or whose loader does");
@@ -49,10 +54,8 @@ Options parse_options(int argc, char** argv) {
     std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   o.placement = loader_ranks ? LoaderPlacement::ranks : LoaderPlacement::children;
-  if (o.device == "cuda") {
-    std::fprintf(stderr,
-                 "fashion_mnist: --device cuda: the GPU path needs the GPU collectives (issue 6), which are not "
-                 "built yet; use --device cpu\n");
+  if (o.device == "cuda" && !nodal::cuda::available()) {
+    std::fprintf(stderr, "fashion_mnist: --device cuda: %s; use --device cpu\n", nodal::cuda::unavailable_reason().c_str());
     std::exit(2);
   }
   if (o.global_batch % o.shards != 0) {

@@ -31,7 +31,7 @@ struct Options {
   LoaderPlacement placement = LoaderPlacement::children;
   std::int64_t train_subset = 0;  ///< train on the first N training samples only (0: all 60000)
   std::int64_t test_subset = 0;   ///< evaluate on the first N test samples only (0: all 10000)
-  std::string device = "cpu";
+  std::string device = "cpu";  ///< where the gradient allreduce runs: cpu or cuda
   std::string dump_weights;  ///< rank 0 writes the final weights (raw little-endian f32) here
   // The failure drill: one process throws at a global step.
   std::int64_t fail_at_step = -1;
@@ -40,7 +40,7 @@ struct Options {
 };
 
 /// Parses argv. Prints help or a usage error and exits (0 or 2) when it must; exits 2 with one
-/// line for `--device cuda`, which needs the GPU collectives (issue 6).
+/// line saying why for `--device cuda` where no GPU can be used.
 Options parse_options(int argc, char** argv);
 
 }  // namespace fashion_mnist

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 namespace fashion_mnist {
@@ -29,11 +30,13 @@ void tree_sum(const std::vector<float*>& rows, std::size_t floats) {
 
 }  // namespace
 
-DataParallelTrainer::DataParallelTrainer(const Plan& plan, const Options& options, nodal::Communicator comm)
+DataParallelTrainer::DataParallelTrainer(const Plan& plan, const Options& options, nodal::Communicator comm,
+                                         nodal::Device device)
     : plan_(plan),
       learning_rate_(options.learning_rate),
       momentum_(options.momentum),
       comm_(std::move(comm)),
+      device_(device),
       model_(options.seed) {
   const std::size_t stride = row_floats();
   const int mine = plan_.shards_per_trainer();
@@ -74,7 +77,14 @@ float DataParallelTrainer::step(std::int64_t step, const Batch& batch, StepTimes
     std::fill(rows + (pair + 1) * stride, rows + pair_rows_.numel(), 0.0F);
     const auto reduce_start = Clock::now();
     times.compute += std::chrono::duration<double>(reduce_start - start).count();
-    comm_.allreduce(pair_rows_, nodal::ReduceOp::sum);
+    if (device_.kind == nodal::Device::Kind::cuda) {
+      nodal::Tensor on_gpu = pair_rows_.to(device_);
+      comm_.allreduce(on_gpu, nodal::ReduceOp::sum);
+      nodal::Tensor back = on_gpu.to(nodal::Device{});
+      std::memcpy(rows, back.data(), back.nbytes());
+    } else {
+      comm_.allreduce(pair_rows_, nodal::ReduceOp::sum);
+    }
     resume = Clock::now();
     times.comm += std::chrono::duration<double>(resume - reduce_start).count();
     std::vector<float*> pairs;

@@ -16,7 +16,8 @@
 //   its grouping matters) it computes exactly that tree node, the same on every rank; the levels
 //   above are summed locally from the rows, in tree order.
 // One trainer sums the whole tree itself; two send one gradient each through the allreduce and
-// zero nothing; four send two rows of which they zero one.
+// zero nothing; four send two rows of which they zero one. This holds on a GPU too (NCCL or CUDA
+// IPC): whatever order a backend adds in, each element has at most two terms that are not zero.
 #pragma once
 
 #include <nodal/communicator.hpp>
@@ -43,8 +44,10 @@ struct StepTimes {
 
 class DataParallelTrainer {
  public:
-  /// `comm` holds the trainers only (rank t is trainer t).
-  DataParallelTrainer(const Plan& plan, const Options& options, nodal::Communicator comm);
+  /// `comm` holds the trainers only (rank t is trainer t). `device`: where the gradient allreduce
+  /// runs (cpu: in the arena; cuda: the rows are copied to that GPU, allreduced there and copied
+  /// back; the sums are the same bits, see above).
+  DataParallelTrainer(const Plan& plan, const Options& options, nodal::Communicator comm, nodal::Device device);
 
   /// SGD step `step` (global, from 0) on this trainer's part of the global batch; returns the
   /// global batch's mean loss (the same on every trainer). Adds its compute and communication
@@ -64,6 +67,7 @@ class DataParallelTrainer {
   float learning_rate_;
   float momentum_;
   nodal::Communicator comm_;
+  nodal::Device device_;
   Mlp model_;
   // A row: one gradient (Mlp layout), then its mean loss, then padding to a multiple of 64 bytes.
   /// f32 [trainers / 2, row] in the arena (the allreduce then reads peers' rows in place); empty

@@ -55,6 +55,11 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
                  "attach by path, removed when the job ends")
       ->transform(CLI::CheckedTransformer(strategies, CLI::ignore_case));
   app.add_option("--shm-dir", options.shm_dir, "directory of the file_system strategy's arena")->capture_default_str();
+  app.add_option("--gpus", options.gpus,
+                 "all (CUDA_VISIBLE_DEVICES's entries, else every GPU) or LIST (0,1,3): each rank sees them all and "
+                 "gets NODAL_DEVICE, its own (rank / --ranks-per-gpu)");
+  CLI::Option* ranks_per_gpu =
+      app.add_option("--ranks-per-gpu", options.ranks_per_gpu, "consecutive ranks that share one GPU (default 1)");
 
   try {
     app.parse(argc, argv);
@@ -72,6 +77,10 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
     if (options.shm_size == 0) throw UsageError("the arena needs at least one byte");
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("--shm-size: {}", e.what()));
+  }
+  if (ranks_per_gpu->count() > 0 && !options.gpus) throw UsageError("--ranks-per-gpu needs --gpus");
+  if (options.ranks_per_gpu < 1) {
+    throw UsageError(fmt::format("--ranks-per-gpu {}: must be at least 1", options.ranks_per_gpu));
   }
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());

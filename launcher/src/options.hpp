@@ -30,6 +30,10 @@ struct Options {
   std::size_t shm_size = std::size_t{1} << 30;
   ShmStrategy shm_strategy = ShmStrategy::file_descriptor;
   std::string shm_dir = "/dev/shm";  ///< where the file_system strategy puts the arena
+  /// --gpus all|LIST: the CUDA devices to share out among the ranks (see gpu_assignment.hpp);
+  /// unset: the ranks get nodalrun's own CUDA_VISIBLE_DEVICES, and no NODAL_DEVICE.
+  std::optional<std::string> gpus;
+  int ranks_per_gpu = 1;  ///< --ranks-per-gpu: consecutive ranks sharing one GPU (needs --gpus)
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

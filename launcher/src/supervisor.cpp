@@ -25,6 +25,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cgroup.hpp"
 #include "launch.hpp"
@@ -96,7 +97,7 @@ struct Supervisor::Stream {
 };
 
 Supervisor::Supervisor(Options options, std::string program_path)
-    : options_(std::move(options)), program_(std::move(program_path)) {}
+    : options_(std::move(options)), program_(std::move(program_path)), fd_registry_(options_.nprocs) {}
 
 Supervisor::~Supervisor() {
   for (int fd : {epoll_fd_, signal_fd_, control_fd_, rank_control_fd_, timeout_fd_, grace_fd_}) {
@@ -115,6 +116,11 @@ void Supervisor::watch(int fd, std::uint64_t tag) {
 }
 
 void Supervisor::set_up() {
+  if (options_.gpus) {  // first: an impossible layout is a usage error before anything starts
+    const char* visible = std::getenv(kEnvCudaVisibleDevices);
+    gpus_ = assign_gpus(*options_.gpus, options_.nprocs, options_.ranks_per_gpu,
+                        visible ? std::optional<std::string>(visible) : std::nullopt, count_gpus());
+  }
   started_ = Clock::now();
   job_id_ = make_job_id();
   oom_kills_at_start_ = read_oom_kill_count();
@@ -173,12 +179,13 @@ std::vector<std::string> Supervisor::base_environment() const {
   static const std::set<std::string> ours = {kEnvRank,       kEnvWorldSize,       kEnvLocalRank,    kEnvLocalWorldSize,
                                              kEnvMasterAddr, kEnvMasterPort,      kEnvJobId,        kEnvControlFd,
                                              kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds,
-                                             kEnvArenaFd,     kEnvArenaPath,       kEnvForkserverCpus};
+                                             kEnvArenaFd,     kEnvArenaPath,       kEnvForkserverCpus,
+                                             kEnvDevice,      kEnvForkserverDevices};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
     std::string name(entry.substr(0, entry.find('=')));
-    if (!ours.count(name)) env.emplace_back(entry);
+    if (!ours.count(name) && !(gpus_ && name == kEnvCudaVisibleDevices)) env.emplace_back(entry);
   }
   for (const std::string& item : options_.exports) {
     if (item.find('=') != std::string::npos) {
@@ -197,6 +204,7 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvLauncherPid, std::to_string(::getpid()));
   set(kEnvArenaFd, std::to_string(arena_->fd()));
   if (shm_guard_) set(kEnvArenaPath, fmt::format("{}/{}", options_.shm_dir, job_id_));
+  if (gpus_) set(kEnvCudaVisibleDevices, gpus_->visible_devices);
   return env;
 }
 
@@ -236,6 +244,7 @@ void Supervisor::start_spawn() {
     spec.env = env;
     spec.env.push_back(fmt::format("{}={}", kEnvRank, rank.rank));
     spec.env.push_back(fmt::format("{}={}", kEnvLocalRank, rank.rank));
+    if (gpus_) spec.env.push_back(fmt::format("{}={}", kEnvDevice, gpus_->device_of_rank[rank.rank]));
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
     spec.inherit_fds = {arena_->fd()};
@@ -266,6 +275,7 @@ void Supervisor::start_forkserver() {
   env.push_back(fmt::format("{}=forkserver", kEnvStartMethod));
   env.push_back(fmt::format("{}={}", kEnvForkserverFds, fd_list));
   env.push_back(fmt::format("{}={}", kEnvForkserverCpus, cpu_list));
+  if (gpus_) env.push_back(fmt::format("{}={}", kEnvForkserverDevices, fmt::join(gpus_->device_of_rank, ";")));
   spec.program = program_;
   spec.argv = options_.command;
   spec.env = std::move(env);
@@ -437,6 +447,14 @@ void Supervisor::on_control() {
         record_failure({FailureKind::zygote, -1, message->pid, Clock::now(), 2, 0, false,
                         fmt::format("--start-method forkserver: {}", message->text)});
         break;
+      case ControlKind::fd_publish:
+        if (message->fd.get() >= 0) fd_registry_.publish(message->rank, message->key, std::move(message->fd));
+        break;
+      case ControlKind::fd_fetch:
+        if (message->fd.get() >= 0) fd_registry_.fetch(message->rank, message->key, std::move(message->fd));
+        break;
+      case ControlKind::fd_reply:
+        break;  // only ever sent on a reply socket
     }
   }
 }
@@ -459,6 +477,9 @@ void Supervisor::on_child_exits() {
       rank.ended = Clock::now();
       rank.peak_rss_kib = usage.ru_maxrss;
       on_rank_exit(rank, status);
+      // After on_rank_exit: a requester told "never published" sees the abort word already set
+      // when this exit failed the job, and throws PeerFailure rather than a usage error.
+      fd_registry_.rank_exited(rank.rank);
       break;
     }
     // Any other pid is an orphan a rank left behind that we adopted as subreaper: reaped, ignored.

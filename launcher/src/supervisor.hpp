@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "fd_registry.hpp"
+#include "gpu_assignment.hpp"
 #include "job.hpp"
 #include "options.hpp"
 #include "placement.hpp"
@@ -56,6 +58,8 @@ class Supervisor {
 
   Options options_;
   std::string program_;
+  std::optional<GpuAssignment> gpus_;  ///< --gpus
+  FdRegistry fd_registry_;
   std::string job_id_;
   Placement placement_;
   std::vector<RankRecord> ranks_;

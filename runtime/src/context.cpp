@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +75,16 @@ cpu_set_t parse_cpu_list(std::string_view text) {
   return set;
 }
 
+/// The rank-th ';'-separated field of a per-rank list (NODAL_FORKSERVER_CPUS, ..._DEVICES);
+/// empty when the list is shorter.
+std::string_view field_of(std::string_view list, int rank) {
+  for (int skip = 0; skip < rank && !list.empty(); ++skip) {
+    std::size_t semicolon = list.find(';');
+    list = semicolon == std::string_view::npos ? std::string_view() : list.substr(semicolon + 1);
+  }
+  return list.substr(0, list.find(';'));
+}
+
 /// The zygote of `nodalrun --start-method forkserver`: forks the ranks and exits. Returns only
 /// in the children, each as its rank with RANK and LOCAL_RANK set. Why the zygote exits rather
 /// than waits: nodalrun is a child subreaper, so the ranks become its children and it reaps
@@ -84,6 +95,7 @@ void fork_ranks_as_zygote() {
   const pid_t launcher = env_int(kEnvLauncherPid, -1);
   std::vector<RankPipes> pipes = parse_forkserver_fds(getenv_or_empty(kEnvForkserverFds));
   const std::string cpus = getenv_or_empty(kEnvForkserverCpus);
+  const std::string devices = getenv_or_empty(kEnvForkserverDevices);
   auto refuse = [&](const std::string& why) {
     send_control(control_fd, {ControlKind::zygote_error, -1, static_cast<int>(::getpid()), why});
     std::_Exit(2);
@@ -128,14 +140,11 @@ void fork_ranks_as_zygote() {
       ::unsetenv(kEnvStartMethod);
       ::unsetenv(kEnvForkserverFds);
       ::unsetenv(kEnvForkserverCpus);
-      // This rank's CPU list is the rank-th ';'-separated field.
-      std::string_view field(cpus);
-      for (int skip = 0; skip < rank && !field.empty(); ++skip) {
-        std::size_t semicolon = field.find(';');
-        field = semicolon == std::string_view::npos ? std::string_view() : field.substr(semicolon + 1);
+      ::unsetenv(kEnvForkserverDevices);
+      if (std::string_view device = field_of(devices, rank); !device.empty()) {
+        ::setenv(kEnvDevice, std::string(device).c_str(), 1);
       }
-      field = field.substr(0, field.find(';'));
-      if (!field.empty()) {
+      if (std::string_view field = field_of(cpus, rank); !field.empty()) {
         cpu_set_t set = parse_cpu_list(field);
         ::sched_setaffinity(0, sizeof set, &set);
       }
@@ -156,6 +165,9 @@ void fork_ranks_as_zygote() {
 
 std::mutex g_mutex;
 std::optional<Context> g_context;
+/// What control_endpoint() returns; set by init(), read by the fd broker from any thread.
+std::atomic<int> g_control_fd{-1};
+std::atomic<int> g_rank{0};
 
 }  // namespace
 
@@ -172,6 +184,7 @@ Context init() {
   ctx.rank_ = env_int(kEnvRank, 0);
   ctx.local_rank_ = env_int(kEnvLocalRank, ctx.rank_);
   ctx.local_world_size_ = env_int(kEnvLocalWorldSize, ctx.world_size_);
+  if (int device = env_int(kEnvDevice, -1); device >= 0) ctx.device_ = Device::cuda(device);
   if (ctx.world_size_ < 1 || ctx.rank_ >= ctx.world_size_ || ctx.local_rank_ >= ctx.local_world_size_) {
     throw UsageError(fmt::format("nodal::init: inconsistent environment: RANK={} WORLD_SIZE={} LOCAL_RANK={} "
                                  "LOCAL_WORLD_SIZE={}",
@@ -186,11 +199,15 @@ Context init() {
   int control_fd = env_int(kEnvControlFd, -1);
   if (control_fd >= 0) set_cloexec(control_fd, true);  // the rank's own children must not report
   install_terminate_handler(control_fd, ctx.rank_);
+  g_rank.store(ctx.rank_);
+  g_control_fd.store(control_fd);
 
   g_context = ctx;
   return ctx;
 }
 
 Arena& Context::arena() const { return detail::job_arena(); }
+
+detail::ControlEndpoint detail::control_endpoint() noexcept { return {g_control_fd.load(), g_rank.load()}; }
 
 }  // namespace nodal

@@ -16,9 +16,45 @@ struct Header {
   std::uint32_t kind;
   std::int32_t rank;
   std::int32_t pid;
+  std::uint32_t reserved;  ///< zero: no uninitialised padding goes on the wire
+  std::uint64_t key;
 };
 
+/// Room for more descriptors than a message ever carries: a sender that attaches several still
+/// gets all of them closed here, instead of some silently kept open in our table.
+constexpr std::size_t kMaxReceivedFds = 8;
+
+/// The descriptors an SCM_RIGHTS message brought: the first goes to `keep`, the others are closed.
+void take_descriptors(msghdr& msg, OwnedFd& keep) {
+  for (cmsghdr* header = CMSG_FIRSTHDR(&msg); header != nullptr; header = CMSG_NXTHDR(&msg, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    std::size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+      if (keep.get() < 0) {
+        keep = OwnedFd(fd);
+      } else {
+        ::close(fd);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+void OwnedFd::reset() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
 
 std::pair<int, int> make_control_pair() {
   int fds[2];
@@ -32,36 +68,59 @@ std::pair<int, int> make_control_pair() {
   return {fds[0], fds[1]};
 }
 
-bool send_control(int fd, const ControlMessage& message) noexcept {
-  Header header{static_cast<std::uint32_t>(message.kind), message.rank, message.pid};
+bool send_control(int fd, const ControlMessage& message, int attached) noexcept {
+  Header header{static_cast<std::uint32_t>(message.kind), message.rank, message.pid, 0, message.key};
   std::size_t text_size = std::min(message.text.size(), kMaxControlText);
   iovec parts[2] = {{&header, sizeof header},
                     {const_cast<char*>(message.text.data()), text_size}};
   msghdr msg{};
   msg.msg_iov = parts;
   msg.msg_iovlen = 2;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (attached >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &attached, sizeof attached);
+  }
   for (;;) {
     if (::sendmsg(fd, &msg, MSG_NOSIGNAL) >= 0) return true;
     if (errno != EINTR) return false;
   }
 }
 
-std::optional<ControlMessage> receive_control(int fd) {
+std::optional<ControlMessage> receive_control(int fd, bool* peer_closed) {
   std::vector<char> buf(sizeof(Header) + kMaxControlText);
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxReceivedFds * sizeof(int))];
   for (;;) {
-    ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    iovec part{buf.data(), buf.size()};
+    msghdr msg{};
+    msg.msg_iov = &part;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;
-      throw_errno("recv(control)");
+      throw_errno("recvmsg(control)");
+    }
+    ControlMessage message;
+    take_descriptors(msg, message.fd);  // owned from here on: a dropped message closes them
+    if (n == 0 && peer_closed != nullptr) {  // SOCK_SEQPACKET: end of file (we never send empty messages)
+      *peer_closed = true;
+      return std::nullopt;
     }
     if (static_cast<std::size_t>(n) < sizeof(Header)) continue;  // not ours: drop it
     Header header;
     std::memcpy(&header, buf.data(), sizeof header);
-    ControlMessage message;
     message.kind = static_cast<ControlKind>(header.kind);
     message.rank = header.rank;
     message.pid = header.pid;
+    message.key = header.key;
     message.text.assign(buf.data() + sizeof header, static_cast<std::size_t>(n) - sizeof header);
     return message;
   }

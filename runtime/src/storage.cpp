@@ -90,6 +90,18 @@ std::shared_ptr<Storage> Storage::external(void* data, std::size_t bytes, std::f
   return storage;
 }
 
+std::shared_ptr<Storage> Storage::cuda(void* data, std::size_t bytes, int device, std::shared_ptr<void> gpu_state,
+                                       std::function<void()> release) {
+  std::shared_ptr<Storage> storage(new Storage);
+  storage->kind_ = Kind::cuda;
+  storage->data_ = static_cast<std::byte*>(data);
+  storage->bytes_ = bytes;
+  storage->device_ = device;
+  storage->gpu_state_ = std::move(gpu_state);
+  storage->release_ = std::move(release);
+  return storage;
+}
+
 Storage::~Storage() { release(); }
 
 void Storage::retain_for_handle() const noexcept {
@@ -113,7 +125,7 @@ void Storage::release() noexcept {
 
 void Storage::move_to_arena(Arena& arena) {
   std::lock_guard lock(move_mutex_);
-  if (kind_ == Kind::arena || kind_ == Kind::file) return;
+  if (kind_ == Kind::arena || kind_ == Kind::file || kind_ == Kind::cuda) return;
   auto block = Storage::arena(arena, bytes_);
   if (bytes_ != 0) std::memcpy(block->data_, data_, bytes_);
   // Trade places with the new block: this object, which every tensor holds, becomes the arena

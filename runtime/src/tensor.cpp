@@ -2,6 +2,7 @@
 
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/units.hpp>
 
@@ -38,11 +39,15 @@ constexpr DTypeInfo info(DType dtype) noexcept {
 }
 
 void check_device(Device device) {
-  if (device.kind == Device::Kind::cuda) {
-    throw UsageError(
-        fmt::format("nodal::Tensor: device cuda:{} is not supported yet; only cpu tensors exist", device.index));
+  if (device.kind == Device::Kind::cuda && device.index < 0) {
+    throw UsageError(fmt::format("nodal::Tensor: device cuda:{} has a negative index", device.index));
   }
 }
+
+bool on_cuda(const Tensor& t) { return t.device().kind == Device::Kind::cuda; }
+
+/// A private contiguous cuda tensor on `device` (from this rank's GPU pool).
+Tensor cuda_empty(std::vector<std::int64_t> shape, DType dtype, Device device);
 
 /// Bytes of a contiguous tensor of this shape; UsageError for a shape no tensor can have.
 std::size_t checked_nbytes(const std::vector<std::int64_t>& shape, DType dtype) {
@@ -167,6 +172,13 @@ Tensor::Tensor(std::shared_ptr<detail::Storage> storage, std::int64_t offset_byt
   check_device(device_);
   bool empty = checked_nbytes(shape_, dtype_) == 0;
   if (!storage_) throw UsageError("nodal::Tensor: no storage given");
+  if ((storage_->kind() == detail::Storage::Kind::cuda) != (device_.kind == Device::Kind::cuda) ||
+      (device_.kind == Device::Kind::cuda && storage_->device() != device_.index)) {
+    throw UsageError(fmt::format("nodal::Tensor: a {} tensor over {} memory", device_name(device_),
+                                 storage_->kind() == detail::Storage::Kind::cuda
+                                     ? fmt::format("cuda:{}", storage_->device())
+                                     : std::string("host")));
+  }
   if (strides_.size() != shape_.size()) {
     throw UsageError(fmt::format("nodal::Tensor: {} strides for {} dimensions", strides_.size(), shape_.size()));
   }
@@ -186,12 +198,18 @@ Tensor::Tensor(std::shared_ptr<detail::Storage> storage, std::int64_t offset_byt
 
 Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype, Device device) {
   check_device(device);
+  if (device.kind == Device::Kind::cuda) return cuda_empty(std::move(shape), dtype, device);
   auto storage = detail::Storage::heap(checked_nbytes(shape, dtype));
   return contiguous_over(std::move(storage), std::move(shape), dtype, device);
 }
 
 Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype, Device device) {
   check_device(device);
+  if (device.kind == Device::Kind::cuda) {
+    Tensor t = cuda_empty(std::move(shape), dtype, device);
+    detail::gpu::zero(t.data(), t.nbytes());
+    return t;
+  }
   auto storage = detail::Storage::heap(checked_nbytes(shape, dtype), /*zero=*/true);
   return contiguous_over(std::move(storage), std::move(shape), dtype, device);
 }
@@ -243,8 +261,8 @@ Tensor& Tensor::share_memory() {
 }
 
 bool Tensor::is_shared() const noexcept {
-  return storage_ &&
-         (storage_->kind() == detail::Storage::Kind::arena || storage_->kind() == detail::Storage::Kind::file);
+  return storage_ && (storage_->kind() == detail::Storage::Kind::arena || storage_->kind() == detail::Storage::Kind::file ||
+                      storage_->kind() == detail::Storage::Kind::cuda);
 }
 
 bool Tensor::in_arena() const noexcept { return storage_ && storage_->kind() == detail::Storage::Kind::arena; }
@@ -276,6 +294,7 @@ Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
+  if (on_cuda(*this)) return to(device_, /*copy=*/true);
   Tensor copy = empty(shape_, dtype_, device_);
   copy_to_contiguous(*this, static_cast<std::byte*>(copy.data()));
   return copy;
@@ -317,9 +336,46 @@ bool Tensor::equal(const Tensor& other) const {
   if (!defined()) return true;
   if (dtype_ != other.dtype_ || shape_ != other.shape_) return false;
   if (numel() == 0) return true;
-  Tensor a = contiguous();
-  Tensor b = other.contiguous();
+  Tensor a = on_cuda(*this) ? to(Device{}) : contiguous();
+  Tensor b = on_cuda(other) ? other.to(Device{}) : other.contiguous();
   return std::memcmp(a.data(), b.data(), nbytes()) == 0;
 }
+
+Tensor Tensor::from_cuda(void* data, std::vector<std::int64_t> shape, DType dtype, int device,
+                         std::function<void()> release) {
+  Device where{Device::Kind::cuda, device};
+  check_device(where);
+  const std::size_t bytes = checked_nbytes(shape, dtype);
+  if (data == nullptr && bytes != 0) throw UsageError("Tensor::from_cuda: data is null");
+  auto storage = detail::gpu::external_storage(data, bytes, device, std::move(release));
+  return contiguous_over(std::move(storage), std::move(shape), dtype, where);
+}
+
+Tensor Tensor::to(Device device, bool copy) const {
+  check_device(device);
+  if (!defined()) return {};
+  if (device == device_ && !copy) return *this;
+  if (device_.kind == Device::Kind::cpu && device.kind == Device::Kind::cpu) return clone();
+  // A strided tensor is made contiguous on the host first; on a GPU only contiguous ones copy.
+  if (on_cuda(*this) && !is_contiguous()) {
+    throw UsageError(fmt::format("Tensor::to: the {} tensor is not contiguous; GPU tensors copy only when contiguous",
+                                 device_name(device_)));
+  }
+  Tensor source = on_cuda(*this) ? *this : contiguous();
+  Tensor result = empty(shape_, dtype_, device);
+  detail::gpu::copy(result.data(), source.data(), nbytes());
+  return result;
+}
+
+std::string device_name(Device device) {
+  return device.kind == Device::Kind::cpu ? std::string("cpu") : fmt::format("cuda:{}", device.index);
+}
+
+namespace {
+Tensor cuda_empty(std::vector<std::int64_t> shape, DType dtype, Device device) {
+  auto storage = detail::gpu::pool_allocate(device.index, checked_nbytes(shape, dtype));
+  return contiguous_over(std::move(storage), std::move(shape), dtype, device);
+}
+}  // namespace
 
 }  // namespace nodal

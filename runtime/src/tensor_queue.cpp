@@ -1,6 +1,7 @@
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/tensor_queue.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
 
@@ -14,7 +15,12 @@ namespace detail {
 
 /// A queued item as it sits in shared memory: offsets, never pointers.
 struct ItemHandle {
-  std::uint64_t storage = 0;  ///< arena offset of the ArenaStorageHeader; 0: no tensor
+  std::uint64_t storage = 0;  ///< arena offset of the ArenaStorageHeader; 0: no (cpu) tensor
+  /// A cuda tensor travels by handle (gpu.hpp): kind none here means a cpu or no tensor. The
+  /// consumer rebuilds it on its own view of device `gpu.device` (the same index when the ranks
+  /// see the same CUDA_VISIBLE_DEVICES, as nodalrun --gpus arranges).
+  gpu::WireTensor gpu{};
+  bool on_cuda = false;
   std::int64_t byte_offset = 0;
   std::int64_t index = 0;
   std::int64_t label = 0;
@@ -108,6 +114,18 @@ ItemHandle make_handle(QueueItem& item) {
   std::memcpy(handle.text, item.text.data(), item.text.size());
   Tensor& t = item.tensor;
   if (!t.defined()) return handle;
+  if (t.device().kind == Device::Kind::cuda) {
+    // The memory stays where it is; the handle holds an in-flight reference to it and an event
+    // after the producer's work on its current stream.
+    handle.on_cuda = true;
+    handle.gpu = gpu::export_storage(*t.storage(), cuda::current_stream());
+    handle.byte_offset = t.storage_offset();
+    handle.dtype = t.dtype();
+    handle.ndim = static_cast<std::uint8_t>(t.dim());
+    std::copy(t.shape().begin(), t.shape().end(), handle.shape);
+    std::copy(t.strides().begin(), t.strides().end(), handle.strides);
+    return handle;
+  }
   Arena& arena = job_arena();
   if (!t.in_arena() || t.storage()->arena() != &arena) {
     if (t.storage()->kind() == Storage::Kind::heap || t.storage()->kind() == Storage::Kind::external) {
@@ -129,6 +147,7 @@ ItemHandle make_handle(QueueItem& item) {
 
 /// Drops the reference a handle holds (a put that did not happen).
 void release_handle(const ItemHandle& handle) {
+  if (handle.on_cuda) gpu::release_wire(handle.gpu);
   if (handle.storage != 0) Storage::adopt_arena(job_arena(), handle.storage);
 }
 
@@ -137,7 +156,11 @@ QueueItem from_handle(const ItemHandle& handle) {
   item.index = handle.index;
   item.label = handle.label;
   item.text.assign(handle.text, handle.text_size);
-  if (handle.storage != 0) {
+  if (handle.on_cuda) {
+    auto storage = gpu::import_storage(handle.gpu, cuda::current_stream());
+    item.tensor = Tensor(std::move(storage), handle.byte_offset, {handle.shape, handle.shape + handle.ndim},
+                         {handle.strides, handle.strides + handle.ndim}, handle.dtype, Device::cuda(handle.gpu.device));
+  } else if (handle.storage != 0) {
     item.tensor = Tensor(Storage::adopt_arena(job_arena(), handle.storage), handle.byte_offset,
                          {handle.shape, handle.shape + handle.ndim}, {handle.strides, handle.strides + handle.ndim},
                          handle.dtype);

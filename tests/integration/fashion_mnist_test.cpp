@@ -1,6 +1,8 @@
 // The README's main job, small: data parallelism that is exact (1, 2 and 4 trainers reach the same
 // weights, bit for bit) and data files that are checked (a missing or corrupt file is one clear
 // error naming the file and the package, never a crash).
+#include <nodal/cuda.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -141,10 +143,11 @@ TEST_F(FashionMnistData, NodalrunReportsTheRankAndTheFile) {
   EXPECT_TRUE(contains(r.err, dir_ / "train-images-idx3-ubyte.gz" + ": cannot open it")) << r.err;
 }
 
-TEST(FashionMnistOptions, CudaSaysWhatIsMissing) {
+TEST(FashionMnistOptions, CudaWithoutAGpuSaysWhy) {
+  if (nodal::cuda::available()) GTEST_SKIP() << "a GPU is available here: tests/gpu run --device cuda";
   ChildResult r = run({kFashionMnist, "--device", "cuda"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(contains(r.err, "GPU collectives (issue 6)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--device cuda: " + nodal::cuda::unavailable_reason())) << r.err;
   EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
 }
 

@@ -170,6 +170,83 @@ TEST(Launcher, ReportFileHasPerRankWallTimeAndPeakRss) {
   std::filesystem::remove_all(dir);
 }
 
+/// GPUs the NVIDIA driver lists (0 without one): nodalrun checks --gpus indices against it.
+int driver_gpus() {
+  std::error_code error;
+  int count = 0;
+  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", error), end; !error && it != end;
+       it.increment(error)) {
+    ++count;
+  }
+  return count;
+}
+
+// No GPU is touched: these check the environment and the device each rank is given.
+TEST(Gpus, EveryRankSeesTheListAndGetsItsOwnDevice) {
+  if (driver_gpus() == 1) GTEST_SKIP() << "--gpus 0,1 needs a second GPU where the driver lists any";
+  for (const std::string method : {"spawn", "forkserver"}) {
+    ChildResult r = run(nodalrun_command({"--gpus", "0,1", "-n", "4", "--ranks-per-gpu", "2", "--start-method", method,
+                                          kRankProgram, "gpu"}),
+                        60s, {"CUDA_VISIBLE_DEVICES=7", "NODAL_DEVICE=5"});  // nodalrun's own: replaced
+    ASSERT_EQ(r.exit_code, 0) << method << ": " << r.err;
+    auto env = env_by_rank(r.out);
+    ASSERT_EQ(env.size(), 4u) << r.out;
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1") << method;
+      EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank / 2)) << method;
+      EXPECT_EQ(env[rank]["NODAL_FORKSERVER_DEVICES"], "<unset>") << method;
+      EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank / 2)) << method;
+    }
+  }
+}
+
+TEST(Gpus, AllMeansNodalrunsCudaVisibleDevices) {
+  ChildResult r = run(nodalrun_command({"--gpus", "all", "-n", "2", kRankProgram, "gpu"}), 60s,
+                      {"CUDA_VISIBLE_DEVICES=0,1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1");
+    EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank));
+    EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank));
+  }
+}
+
+TEST(Gpus, WithoutGpusRanksKeepNodalrunsEnvironmentAndTheCpu) {
+  ChildResult r = run(nodalrun_command({"-n", "2", kRankProgram, "gpu"}), 60s, {"CUDA_VISIBLE_DEVICES=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto env = env_by_rank(r.out);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "3");
+    EXPECT_EQ(env[rank]["NODAL_DEVICE"], "<unset>");
+    EXPECT_EQ(env[rank]["device"], "cpu");
+  }
+}
+
+TEST(Gpus, ImpossibleLayoutsExitTwoWithOneLine) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--gpus", "all", "-n", "8"},  // all: CUDA_VISIBLE_DEVICES=0,1 below
+       "nodalrun: -n 8 ranks on 2 GPUs with --ranks-per-gpu 1: at most 2 ranks fit; raise --ranks-per-gpu to 4 or "
+       "give more GPUs (see nodalrun --help)\n"},
+      {{"--gpus", "0,0", "-n", "1"}, "nodalrun: --gpus 0,0: GPU 0 is listed twice (see nodalrun --help)\n"},
+      {{"--ranks-per-gpu", "2", "-n", "1"}, "nodalrun: --ranks-per-gpu needs --gpus (see nodalrun --help)\n"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> command = args;
+    command.insert(command.end(), {kRankProgram, "gpu"});
+    ChildResult r = run(nodalrun_command(command), 60s, {"CUDA_VISIBLE_DEVICES=0,1"});
+    EXPECT_EQ(r.exit_code, 2) << message;
+    EXPECT_EQ(r.err, message);
+    EXPECT_EQ(r.out, "");  // no rank started
+  }
+}
+
+TEST(Gpus, RankRefusesAMalformedNodalDevice) {
+  ChildResult r = run({kRankProgram, "gpu"}, 60s, {"NODAL_DEVICE=first"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("NODAL_DEVICE='first' is not a non-negative integer"), std::string::npos) << r.err;
+}
+
 TEST(Forkserver, RanksReturnFromInitWithTheirRank) {
   ChildResult r = run(nodalrun_command({"-n", "4", "--start-method", "forkserver", kRankProgram, "ok"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;

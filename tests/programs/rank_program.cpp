@@ -119,6 +119,14 @@ int main(int argc, char** argv) {
     std::printf("cpus=%d\n", CPU_COUNT(&set));
     return 0;
   }
+  if (mode == "gpu") {  // what nodalrun --gpus gave this rank
+    for (const char* name : {"CUDA_VISIBLE_DEVICES", "NODAL_DEVICE", "NODAL_FORKSERVER_DEVICES"}) {
+      const char* value = std::getenv(name);
+      std::printf("%s=%s\n", name, value ? value : "<unset>");
+    }
+    std::printf("device=%s\n", nodal::device_name(ctx.device()).c_str());
+    return 0;
+  }
   if (mode == "spam") {
     // Many lines written in small, unaligned pieces, so a naive relay would interleave them.
     const int lines = arg_int(argc, argv, 2, 2000);

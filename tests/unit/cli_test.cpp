@@ -60,6 +60,39 @@ TEST(CommandLine, RefusesBadInputWithUsageError) {
   }
 }
 
+/// The UsageError's message for these arguments ("" when parsing succeeds).
+std::string usage_error(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CommandLine, GpusAndRanksPerGpu) {
+  Options none = parse({"-n", "2", "prog"});
+  EXPECT_FALSE(none.gpus);
+  EXPECT_EQ(none.ranks_per_gpu, 1);
+  Options all = parse({"-n", "2", "--gpus", "all", "prog"});
+  EXPECT_EQ(all.gpus, "all");
+  EXPECT_EQ(all.ranks_per_gpu, 1);
+  Options list = parse({"-n", "4", "--gpus", "0,1", "--ranks-per-gpu", "2", "prog", "--gpus", "9"});
+  EXPECT_EQ(list.gpus, "0,1");  // the list is checked against the machine when the job starts
+  EXPECT_EQ(list.ranks_per_gpu, 2);
+  EXPECT_EQ(list.command, (std::vector<std::string>{"prog", "--gpus", "9"}));
+}
+
+TEST(CommandLine, RanksPerGpuNeedsGpusAndAtLeastOne) {
+  EXPECT_EQ(usage_error({"-n", "2", "--ranks-per-gpu", "2", "prog"}), "--ranks-per-gpu needs --gpus");
+  EXPECT_EQ(usage_error({"-n", "2", "--gpus", "0", "--ranks-per-gpu", "0", "prog"}),
+            "--ranks-per-gpu 0: must be at least 1");
+  EXPECT_EQ(usage_error({"-n", "2", "--gpus", "0", "--ranks-per-gpu", "-3", "prog"}),
+            "--ranks-per-gpu -3: must be at least 1");
+  EXPECT_NE(usage_error({"-n", "2", "--gpus", "0", "--ranks-per-gpu", "two", "prog"}), "");
+  EXPECT_EQ(usage_error({"-n", "2", "prog", "--ranks-per-gpu", "0"}), "");  // the program's flags
+}
+
 TEST(ResolveProgram, FindsOnPathAndClassifiesFailures) {
   EXPECT_EQ(resolve_program("true").substr(resolve_program("true").rfind('/')), "/true");
   EXPECT_EQ(resolve_program("/bin/sh"), "/bin/sh");

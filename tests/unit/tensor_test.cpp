@@ -3,6 +3,7 @@
 // arithmetic, never by the code under test.
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
+#include <nodal/cuda.hpp>
 #include <nodal/tensor.hpp>
 #include <nodal/detail/storage.hpp>
 
@@ -138,8 +139,7 @@ TEST(TensorTest, BadShapesAndDevicesAreUsageErrors) {
   EXPECT_THROW(Tensor::empty(Shape(Tensor::kMaxDims + 1, 1), DType::f32), UsageError);
   EXPECT_NO_THROW(Tensor::empty(Shape(Tensor::kMaxDims, 1), DType::f32));
   EXPECT_THROW(Tensor::empty({std::int64_t{1} << 62, 4}, DType::f64), UsageError);  // bytes overflow
-  EXPECT_THROW(Tensor::empty({4}, DType::f32, Device{Device::Kind::cuda, 0}), UsageError);
-  EXPECT_THROW(Tensor::zeros({4}, DType::f32, Device{Device::Kind::cuda, 1}), UsageError);
+  EXPECT_THROW(Tensor::empty({4}, DType::f32, Device::cuda(-1)), UsageError);
   EXPECT_THROW(Tensor::empty_shared({-1}, DType::f32), UsageError);
 
   Tensor t = Tensor::empty({4, 6}, DType::f32);
@@ -158,9 +158,34 @@ TEST(TensorTest, BadShapesAndDevicesAreUsageErrors) {
   EXPECT_THROW(Tensor(storage, 4, {24}, {1}, DType::f32), UsageError);
   EXPECT_THROW(Tensor(storage, 0, {4}, {-1}, DType::f32), UsageError);
   EXPECT_THROW(Tensor(storage, 0, {4, 6}, {1}, DType::f32), UsageError);
-  EXPECT_THROW(Tensor(storage, 0, {4}, {1}, DType::f32, Device{Device::Kind::cuda, 0}), UsageError);
+  EXPECT_THROW(Tensor(storage, 0, {4}, {1}, DType::f32, Device{Device::Kind::cuda, 0}), UsageError);  // host memory
   EXPECT_THROW(Tensor(nullptr, 0, {1}, {1}, DType::f32), UsageError);
   EXPECT_NO_THROW(Tensor(storage, 92, {4}, {-1}, DType::f32));
+}
+
+// Where no GPU can be used (a build without CUDA, no driver, no GPU), every way to make a cuda
+// tensor is a CudaError that says why, and nothing else changes.
+TEST(TensorTest, CudaTensorsWithoutAGpuSayWhy) {
+  if (nodal::cuda::available()) GTEST_SKIP() << "a GPU is available here: tests/gpu cover cuda tensors";
+  const std::string reason = nodal::cuda::unavailable_reason();
+  ASSERT_FALSE(reason.empty());
+  auto expect_reason = [&](auto&& make) {
+    try {
+      make();
+      ADD_FAILURE() << "no CudaError";
+    } catch (const nodal::CudaError& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  expect_reason([] { Tensor::empty({4}, DType::f32, Device::cuda(0)); });
+  expect_reason([] { Tensor::zeros({4}, DType::f32, Device::cuda(1)); });
+  expect_reason([] { Tensor::empty({4}, DType::f32).to(Device::cuda(0)); });
+  int fake = 0;
+  expect_reason([&] { Tensor::from_cuda(&fake, {1}, DType::i32, 0); });
+  EXPECT_EQ(nodal::cuda::device_count(), 0);
+  EXPECT_THROW(nodal::cuda::synchronize(), nodal::CudaError);
+  EXPECT_EQ(device_name(Device::cuda(3)), "cuda:3");
+  EXPECT_EQ(device_name(Device{}), "cpu");
 }
 
 TEST(TensorTest, SliceAndReshapeShareStorage) {

@@ -119,6 +119,9 @@ class Communicator {
   void alltoall(const void* input, void* output, std::size_t count, DType dtype);
   /// Returns once every rank has called it.
   void barrier();
+  /// barrier() on a device: for cuda, also returns only once every rank's work queued on its
+  /// cuda::current_stream() before the call has finished (on the GPU path below). Device{}: barrier().
+  void barrier(Device device);
   /// Blocks until `peer` has received the message (count elements of dtype) with recv (a
   /// rendezvous, like MPI_Ssend). Messages between two ranks arrive in order. Not part of the
   /// collective call sequence: send/recv may be interleaved with collectives freely.
@@ -128,10 +131,23 @@ class Communicator {
   void send(const void* input, std::size_t count, DType dtype, int peer);
   void recv(void* output, std::size_t count, DType dtype, int peer);
 
-  // ---- Tensors: contiguous cpu tensors; count and dtype come from the tensor. ----
-  // Throws UsageError for a non-contiguous or undefined tensor, or when shapes do not fit
-  // (outputs of allgather/gather: world_size times the input's numel; reduce_scatter's input:
-  // world_size times the output's numel).
+  // ---- Tensors: contiguous tensors; count and dtype come from the tensor. ----
+  // Throws UsageError for a non-contiguous or undefined tensor, when shapes do not fit (outputs of
+  // allgather/gather: world_size times the input's numel; reduce_scatter's input: world_size times
+  // the output's numel), or when a call's input and output are on different devices.
+  //
+  // cuda tensors (DESIGN.md "Collectives", GPU path): the same calls, rules and semantics, on the
+  // rank's GPU. Every rank's tensors must be on cuda (a cpu call meeting a cuda call is a
+  // mismatch: UsageError on every rank), each rank on one device for all of a communicator's GPU
+  // calls. The first GPU call gathers every rank's GPU identity and picks the path, the same on
+  // every rank: NCCL (ncclAllReduce, ...) when every rank has its own GPU and nodal has NCCL;
+  // otherwise CUDA IPC over the job's GPU pool (ranks sharing a GPU, which NCCL refuses;
+  // allreduce, reduce, broadcast, allgather, reduce_scatter and barrier only). NODAL_GPU_BACKEND=
+  // auto|nccl|cuda_ipc overrides the choice. A call is ordered after the work queued on
+  // cuda::current_stream() and returns once its result is in place (the host waits, watching for
+  // a dead peer: PeerFailure, never a GPU hang). last_algorithm() says "nccl" or "cuda_ipc".
+  // send/recv of cuda tensors need the GPU path set up by an earlier GPU collective (UsageError
+  // otherwise) and NCCL. Throws CudaError when the GPU or NCCL fails, or in a build without CUDA.
 
   /// In place: every rank's `tensor` becomes op over every rank's `tensor`.
   void allreduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);

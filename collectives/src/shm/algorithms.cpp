@@ -117,6 +117,7 @@ std::string describe(const CallHeader& h) {
   std::string text = fmt::format("{}(count={}, dtype={}", coll_kind_name(h.kind), h.count, dtype_name(h.dtype));
   if (is_reduction(h.kind)) text += fmt::format(", op={}", reduce_op_name(h.op));
   if (h.root >= 0) text += fmt::format(", root={}", h.root);
+  if (h.on_gpu) text += ", on cuda tensors";
   return text + ")";
 }
 
@@ -131,9 +132,10 @@ class Call {
     seq_ = ++c_.seq;
     const bool small_fits = largest_contribution(call_, n_) <= c_.config.small_max;
     const Forced forced = forced_algorithm(call_.kind);
-    const bool small = small_fits && (forced == Forced::none || forced == Forced::small);
+    const bool small = !call_.on_gpu && small_fits && (forced == Forced::none || forced == Forced::small);
     publish_header(small);
     const bool all_in_arena = exchange_headers();
+    if (call_.on_gpu) return;  // agreed: the GPU backend moves the data
     Algorithm algorithm = Algorithm::pipelined;
     if (small) {
       algorithm = Algorithm::small;
@@ -175,6 +177,7 @@ class Call {
     h.input_offset = h.in_arena ? arena.offset_of(call_.input) : reinterpret_cast<std::uintptr_t>(call_.input);
     h.out_arena = call_.output != nullptr && arena.contains(call_.output);
     h.output_offset = h.out_arena ? arena.offset_of(call_.output) : 0;
+    h.on_gpu = call_.on_gpu;
     publish(c_, h.seq, seq_);
   }
 
@@ -188,7 +191,8 @@ class Call {
       const CallHeader& h = c_.header(j, seq_);
       wait_flag(c_, h.seq, seq_, "collective");
       if (differs < 0 && (h.kind != mine.kind || h.count != mine.count || h.dtype != mine.dtype ||
-                          h.root != mine.root || (is_reduction(h.kind) && h.op != mine.op))) {
+                          h.root != mine.root || h.on_gpu != mine.on_gpu ||
+                          (is_reduction(h.kind) && h.op != mine.op))) {
         differs = j;
       }
     }

@@ -14,10 +14,15 @@ struct CollCall {
   DType dtype;
   ReduceOp op;
   int root;  ///< -1 for calls without one
+  /// True for a call on cuda tensors: run_collective only checks that every member makes the same
+  /// call (the same header exchange, so the same UsageError on every rank); the GPU backend then
+  /// moves the data. A cpu call and a cuda call at the same point are a mismatch.
+  bool on_gpu = false;
 };
 
-/// Runs `call` on `comm` (every member makes the same call). Throws UsageError when the members'
-/// calls differ, PeerFailure when the job fails while waiting.
+/// Runs `call` on `comm` (every member makes the same call); for an on_gpu call, only the
+/// agreement check. Throws UsageError when the members' calls differ, PeerFailure when the job
+/// fails while waiting.
 void run_collective(CommState& comm, const CollCall& call);
 
 /// Point-to-point over the pair's channel (rendezvous: send returns once recv has copied it all).

@@ -1,6 +1,8 @@
 // The rank's view of its job: who it is and how many there are.
 #pragma once
 
+#include <nodal/tensor.hpp>
+
 #include <string>
 
 namespace nodal {
@@ -20,6 +22,9 @@ class Context {
   const std::string& job_id() const noexcept { return job_id_; }
   /// True when nodalrun started this process, false for a singleton (rank 0 of 1).
   bool launched() const noexcept { return launched_; }
+  /// The CUDA device `nodalrun --gpus` gave this rank (NODAL_DEVICE, an index into its
+  /// CUDA_VISIBLE_DEVICES), or the CPU when it gave none.
+  Device device() const noexcept { return device_; }
   /// The job's shared arena (nodalrun's --shm-size), or this process's own when it is a singleton.
   Arena& arena() const;
   /// The communicator of every rank of the job (rank() and world_size() as here). Defined in
@@ -35,6 +40,7 @@ class Context {
   int local_world_size_ = 1;
   std::string job_id_;
   bool launched_ = false;
+  Device device_{};
 };
 
 /// Joins the job this process belongs to and returns its Context.
@@ -50,8 +56,9 @@ class Context {
 ///   zygote loaded before the call; the zygote itself never returns.
 ///
 /// Calling it again returns the same Context.
-/// Throws ShmError when the arena cannot be mapped, UsageError when the environment is inconsistent (a RANK outside WORLD_SIZE, say) or
-/// when a forkserver zygote already runs threads (fork would copy only the calling thread).
+/// Throws ShmError when the arena cannot be mapped, UsageError when the environment is inconsistent (a RANK outside
+/// WORLD_SIZE, say, or a NODAL_DEVICE that is not a non-negative integer) or when a forkserver zygote already runs
+/// threads (fork would copy only the calling thread).
 Context init();
 
 }  // namespace nodal

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -23,13 +24,17 @@ std::size_t element_size(DType dtype) noexcept;
 /// "f32", "bf16", ...
 std::string_view dtype_name(DType dtype) noexcept;
 
-/// Where a tensor's bytes are. Only cpu tensors exist until the GPU issue lands.
+/// Where a tensor's bytes are: host memory, or CUDA device `index` (an index into this process's
+/// CUDA_VISIBLE_DEVICES, as cudaSetDevice takes it).
 struct Device {
   enum class Kind : std::uint8_t { cpu, cuda };
   Kind kind = Kind::cpu;
   int index = 0;
   bool operator==(const Device&) const = default;
+  static Device cuda(int index) noexcept { return Device{Kind::cuda, index}; }
 };
+/// "cpu", "cuda:0", ...
+std::string device_name(Device device);
 
 /// How Tensor::from_file maps its file (np.memmap's modes r, r+, w+).
 enum class FileMode { read_only, read_write, create };
@@ -43,9 +48,12 @@ class Tensor {
   /// An undefined tensor: no storage, defined() is false.
   Tensor() = default;
 
-  /// Uninitialised contiguous tensor in private (process-local) memory.
+  /// Uninitialised contiguous tensor in private (process-local) memory, or on a GPU: a cuda
+  /// device's tensors come from this rank's block of the job's GPU pool (gpu.hpp), which every
+  /// rank can map, so queues pass them by handle.
   /// shape: sizes per dimension, each >= 0, at most kMaxDims dimensions. Throws UsageError for a
-  /// negative size, too many dimensions, or a cuda device (not supported yet).
+  /// negative size or too many dimensions; CudaError when the device cannot be used (no GPU, a
+  /// build without CUDA: the message says which) or is out of memory.
   static Tensor empty(std::vector<std::int64_t> shape, DType dtype, Device device = {});
   /// Zero-filled contiguous tensor in private memory.
   static Tensor zeros(std::vector<std::int64_t> shape, DType dtype, Device device = {});
@@ -59,12 +67,24 @@ class Tensor {
   static Tensor from_file(const std::string& path, DType dtype, std::vector<std::int64_t> shape,
                           FileMode mode = FileMode::read_write);
 
+  /// A cuda tensor over memory another allocator owns (cudaMalloc, a caching allocator): nodal
+  /// shares it with the CUDA IPC API (the allocation's base handle + offset) and runs `release`
+  /// once no process of the job holds it any more: the producer keeps it alive while consumers
+  /// use it (torch.multiprocessing's rule). `data`: a device address on `device`, holding the
+  /// contiguous [shape] dtype tensor. Throws UsageError, CudaError.
+  static Tensor from_cuda(void* data, std::vector<std::int64_t> shape, DType dtype, int device,
+                          std::function<void()> release = {});
+  /// This tensor on `device`: itself when it is there already (unless `copy`), else a contiguous
+  /// copy (host <-> GPU, GPU <-> GPU; cudaMemcpy on cuda::current_stream(), finished on return).
+  /// Throws CudaError; UsageError for a non-contiguous cuda tensor.
+  Tensor to(Device device, bool copy = false) const;
+
   /// Moves the storage into the job's shared arena (one copy) unless it is there already, like
   /// torch's share_memory_(). Every tensor sharing this storage (views, copies of this object)
   /// moves with it. File-backed tensors are shared already and stay in their file.
   /// Returns *this. Throws ShmError when the arena has no room.
   Tensor& share_memory();
-  /// True when other processes can map the storage: in the arena or in a file.
+  /// True when other processes can map the storage: in the arena, in a file, or on a GPU.
   bool is_shared() const noexcept;
   /// True when the storage is in the job's arena (a queue then passes it by offset).
   bool in_arena() const noexcept;
@@ -80,7 +100,7 @@ class Tensor {
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
   bool is_contiguous() const noexcept;
 
-  /// First element.
+  /// First element: a host address, or a device address for a cuda tensor.
   void* data() const noexcept;
   /// First element as T*. Throws UsageError for a T whose size is not element_size(dtype()).
   template <class T>

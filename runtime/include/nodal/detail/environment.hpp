@@ -25,5 +25,11 @@ inline constexpr const char* kEnvStartMethod = "NODAL_START_METHOD";
 inline constexpr const char* kEnvForkserverFds = "NODAL_FORKSERVER_FDS";
 /// For the zygote: "cpus;cpus;..." each rank's CPU list ("0-1,4"), empty when not bound.
 inline constexpr const char* kEnvForkserverCpus = "NODAL_FORKSERVER_CPUS";
+/// The GPUs a process may use (CUDA's own variable); `nodalrun --gpus` sets it for every rank.
+inline constexpr const char* kEnvCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
+/// The rank's CUDA device (`nodalrun --gpus`): an index into its CUDA_VISIBLE_DEVICES.
+inline constexpr const char* kEnvDevice = "NODAL_DEVICE";
+/// For the zygote: "d;d;..." each rank's NODAL_DEVICE; unset without --gpus.
+inline constexpr const char* kEnvForkserverDevices = "NODAL_FORKSERVER_DEVICES";
 
 }  // namespace nodal::detail

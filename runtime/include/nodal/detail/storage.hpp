@@ -1,5 +1,6 @@
 // Tensor storage: private heap memory, a block of the job arena (reference-counted across
-// processes), a mapped file, or memory owned by a DLPack producer. Internal.
+// processes), a mapped file, memory owned by a DLPack producer, or CUDA memory (the GPU layer,
+// gpu.hpp). Internal.
 #pragma once
 
 #include <atomic>
@@ -31,7 +32,7 @@ inline constexpr std::size_t kArenaStorageDataOffset = 64;
 
 class Storage {
  public:
-  enum class Kind { heap, arena, file, external };
+  enum class Kind { heap, arena, file, external, cuda };
 
   /// Private memory (uninitialised, or zeroed).
   static std::shared_ptr<Storage> heap(std::size_t bytes, bool zero = false);
@@ -45,6 +46,10 @@ class Storage {
   static std::shared_ptr<Storage> file(int fd, std::size_t bytes, bool writable);
   /// Memory someone else owns; `release` runs once when this storage goes.
   static std::shared_ptr<Storage> external(void* data, std::size_t bytes, std::function<void()> release);
+  /// CUDA memory on `device` (a device address): `gpu_state` is the GPU layer's bookkeeping
+  /// (pool block or IPC export, gpu.hpp), `release` runs once when this storage goes.
+  static std::shared_ptr<Storage> cuda(void* data, std::size_t bytes, int device, std::shared_ptr<void> gpu_state,
+                                       std::function<void()> release);
 
   ~Storage();
   Storage(const Storage&) = delete;
@@ -57,6 +62,9 @@ class Storage {
   std::uint64_t arena_offset() const noexcept { return arena_offset_; }
   /// Arena kind only: the arena the block is in (a process may have had one before init()).
   const Arena* arena() const noexcept { return arena_; }
+  /// Cuda kind only: the device index and the GPU layer's bookkeeping.
+  int device() const noexcept { return device_; }
+  const std::shared_ptr<void>& gpu_state() const noexcept { return gpu_state_; }
   /// Arena kind only: adds a reference for a handle about to leave this process.
   void retain_for_handle() const noexcept;
   /// Copies a heap or external storage into a new arena block and becomes that block (so every
@@ -72,7 +80,9 @@ class Storage {
   std::size_t bytes_ = 0;
   Arena* arena_ = nullptr;
   std::uint64_t arena_offset_ = 0;
-  std::function<void()> release_;  ///< heap/file/external: frees or unmaps
+  int device_ = -1;
+  std::shared_ptr<void> gpu_state_;
+  std::function<void()> release_;  ///< heap/file/external/cuda: frees or unmaps
   std::mutex move_mutex_;          ///< move_to_arena from two threads at once
 };
 

@@ -1,0 +1,50 @@
+// The CUDA driver API calls the GPU layer makes (VMM: cuMemCreate and friends), reached through
+// cudaGetDriverEntryPointByVersion rather than by linking libcuda.so: the library then loads on a
+// machine without a driver (a build or CPU-only machine has only libcuda's link stub), and
+// nothing changes on a GPU machine. Plus check(), which turns a failed CUDA call into CudaError.
+// Internal.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+namespace nodal::detail::gpu {
+
+/// The driver entry points, resolved once per process (the ABI of the cuda.h this was built
+/// with, CUDA_VERSION). Throws CudaError when CUDA is unavailable or a symbol is missing.
+struct Driver {
+  decltype(&::cuGetErrorName) get_error_name;
+  decltype(&::cuGetErrorString) get_error_string;
+  decltype(&::cuDeviceGet) device_get;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity;
+  decltype(&::cuMemCreate) mem_create;
+  decltype(&::cuMemRelease) mem_release;
+  decltype(&::cuMemExportToShareableHandle) mem_export_to_shareable_handle;
+  decltype(&::cuMemImportFromShareableHandle) mem_import_from_shareable_handle;
+  decltype(&::cuMemAddressReserve) mem_address_reserve;
+  decltype(&::cuMemAddressFree) mem_address_free;
+  decltype(&::cuMemMap) mem_map;
+  decltype(&::cuMemUnmap) mem_unmap;
+  decltype(&::cuMemSetAccess) mem_set_access;
+  decltype(&::cuMemGetAddressRange) mem_get_address_range;  // cuMemGetAddressRange_v2
+};
+const Driver& driver();
+
+/// Throws CudaError("<call>: <error name> (<error string>)") unless `result` is success.
+void check(cudaError_t result, const char* call);
+void check(CUresult result, const char* call);
+
+/// Makes `device` the calling thread's current device (initialising its primary context, which
+/// the driver calls need) for the guard's life, and restores the previous one after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace nodal::detail::gpu

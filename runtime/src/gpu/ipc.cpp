@@ -1,0 +1,253 @@
+// CUDA memory from other allocators (Tensor::from_cuda: cudaMalloc, a caching allocator, DLPack)
+// shared with the legacy IPC API, as torch.multiprocessing does: cudaIpcGetMemHandle of the
+// allocation's base plus the offset of the storage in it. The rules, torch's too:
+// - the producer keeps the memory alive while consumers hold references: its release is deferred
+//   (the "limbo", torch's CudaIPCSentDataLimbo) until the BlockRecord's counts are 0, re-checked
+//   on every nodal GPU call and at exit; a dead consumer's references do not count;
+// - a consumer opens each handle once per process (cudaIpcOpenMemHandle costs ~240 us) and keeps
+//   it open while it is used; idle handles are closed only when more than kIdleOpen pile up.
+#include "block_table.hpp"
+#include "common.hpp"
+#include "driver.hpp"
+
+#include <nodal/arena.hpp>
+#include <nodal/errors.hpp>
+#include <nodal/detail/storage.hpp>
+
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace nodal::detail::gpu {
+namespace {
+
+using Handle = std::array<std::uint8_t, 64>;
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(Handle));
+
+/// Idle opened handles a process keeps (opened, no storage over them now) before it closes the
+/// least recently used: a consumer that receives the same producer allocations again and again
+/// opens each once, and one that receives ever new allocations does not pin them all.
+constexpr std::size_t kIdleOpen = 32;
+/// How long exit waits for consumers to drop the memory this process exported.
+constexpr auto kExitWait = std::chrono::seconds(10);
+
+struct Opened {
+  void* base = nullptr;
+  int live = 0;              ///< storages over it in this process
+  std::uint64_t last_use = 0;
+};
+
+struct Deferred {
+  BlockRecord* record;
+  std::function<void()> release;
+};
+
+struct Ipc {
+  std::mutex mutex;
+  std::map<Handle, Opened> opened;
+  std::uint64_t uses = 0;
+  std::vector<Deferred> limbo;
+  bool exit_hook = false;
+};
+
+/// Never destroyed (storages are released during and after static destruction).
+Ipc& ipc() {
+  static auto* state = new Ipc;
+  return *state;
+}
+
+/// Closes idle opened handles beyond kIdleOpen, least recently used first. Under the lock.
+void trim_opened(Ipc& s) {
+  std::size_t idle = 0;
+  for (const auto& [handle, entry] : s.opened) idle += entry.live == 0;
+  while (idle > kIdleOpen) {
+    auto oldest = s.opened.end();
+    for (auto it = s.opened.begin(); it != s.opened.end(); ++it) {
+      if (it->second.live == 0 && (oldest == s.opened.end() || it->second.last_use < oldest->second.last_use)) oldest = it;
+    }
+    (void)cudaIpcCloseMemHandle(oldest->second.base);
+    s.opened.erase(oldest);
+    --idle;
+  }
+}
+
+/// At exit: waits (up to kExitWait, or until the job fails) for consumers to drop what this
+/// process exported, then runs those releases; warns about what is still held.
+void drain_limbo_at_exit() {
+  auto deadline = std::chrono::steady_clock::now() + kExitWait;
+  for (;;) {
+    collect_limbo();
+    std::size_t left = 0;
+    {
+      std::lock_guard lock(ipc().mutex);
+      left = ipc().limbo.size();
+    }
+    if (left == 0) return;
+    bool failed = job_arena().control().abort.load(std::memory_order_acquire) != 0;
+    if (failed || std::chrono::steady_clock::now() >= deadline) {
+      std::fprintf(stderr,
+                   "nodal: rank %d exits while other ranks still use %zu CUDA allocation(s) it shared with "
+                   "Tensor::from_cuda; they become invalid now (pool tensors, Tensor::empty on a GPU, do not)\n",
+                   self().rank, left);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+void collect_limbo() noexcept {
+  Ipc& s = ipc();
+  std::vector<std::function<void()>> ready;
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.limbo.empty()) return;
+    try {
+      Arena& arena = job_arena();
+      for (std::size_t i = 0; i < s.limbo.size();) {
+        if (record_unused(arena, *s.limbo[i].record)) {
+          destroy_record(arena, s.limbo[i].record);
+          ready.push_back(std::move(s.limbo[i].release));
+          s.limbo[i] = std::move(s.limbo.back());
+          s.limbo.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    } catch (...) {
+      return;
+    }
+  }
+  for (auto& release : ready) {
+    try {
+      if (release) release();
+    } catch (...) {
+      // a user's release that throws: nothing sensible to do in a release path
+    }
+  }
+}
+
+std::shared_ptr<Storage> external_storage(void* data, std::size_t bytes, int device, std::function<void()> release) {
+  require_available("Tensor::from_cuda");
+  collect_limbo();
+  if (device < 0 || device >= cuda::device_count()) {
+    throw UsageError(fmt::format("Tensor::from_cuda: device cuda:{}, this process sees {} GPU(s)", device,
+                                 cuda::device_count()));
+  }
+  if (bytes == 0) {
+    // Nothing to share: an empty storage (its wire carries no memory).
+    return Storage::cuda(data, 0, device, std::make_shared<GpuState>(), std::move(release));
+  }
+  DeviceGuard guard(device);
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  check(driver().mem_get_address_range(&base, &size, reinterpret_cast<CUdeviceptr>(data)),
+        "cuMemGetAddressRange (Tensor::from_cuda: is the pointer device memory?)");
+  const std::uint64_t offset = reinterpret_cast<CUdeviceptr>(data) - base;
+  if (offset + bytes > size) {
+    throw UsageError(fmt::format("Tensor::from_cuda: {} bytes at offset {} of an allocation of {} bytes", bytes, offset, size));
+  }
+  cudaIpcMemHandle_t handle{};
+  cudaError_t result = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+  if (result != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw CudaError(fmt::format("Tensor::from_cuda: cudaIpcGetMemHandle failed: {} ({}); only memory from cudaMalloc "
+                                "(not cudaMallocAsync pools or VMM) can be shared this way: use Tensor::empty on the "
+                                "device instead",
+                                cudaGetErrorName(result), cudaGetErrorString(result)));
+  }
+  const Self& me = self();
+  Arena& arena = job_arena();
+  BlockRecord* record = create_record(arena, me.rank, me.world_size);
+  record->owner_pid = static_cast<std::int32_t>(me.pid);
+  record->device = device;
+  record->offset = offset;
+  record->bytes = bytes;
+  record->owner_address = base;
+  record->ref(me.rank).store(1, std::memory_order_release);
+
+  auto state = std::make_shared<GpuState>();
+  state->kind = WireTensor::Kind::ipc;
+  std::memcpy(state->ipc_handle.data(), &handle, sizeof handle);
+  state->ipc_offset = offset;
+  state->ipc_record = arena.offset_of(record);
+  {
+    Ipc& s = ipc();
+    std::lock_guard lock(s.mutex);
+    if (!s.exit_hook) {
+      s.exit_hook = true;
+      std::atexit(drain_limbo_at_exit);  // after the CUDA runtime started: runs before its teardown
+    }
+  }
+  const int rank = me.rank;
+  return Storage::cuda(data, bytes, device, std::move(state), [record, rank, release = std::move(release)]() mutable {
+    record->ref(rank).fetch_sub(1, std::memory_order_acq_rel);
+    Ipc& s = ipc();
+    {
+      std::lock_guard lock(s.mutex);
+      s.limbo.push_back({record, std::move(release)});
+    }
+    collect_limbo();  // released at once when no consumer holds it
+  });
+}
+
+std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
+  BlockRecord& record = record_of(wire.ipc_record);
+  const Self& me = self();
+  std::byte* base = nullptr;
+  Handle key = wire.ipc_handle;
+  const bool own = record.owner_pid == me.pid;
+  Ipc& s = ipc();
+  if (own) {
+    // Our own allocation came back: a process cannot open its own handle, and need not.
+    base = reinterpret_cast<std::byte*>(record.owner_address);
+  } else {
+    std::lock_guard lock(s.mutex);
+    auto it = s.opened.find(key);
+    if (it == s.opened.end()) {
+      DeviceGuard guard(wire.device);
+      cudaIpcMemHandle_t handle;
+      std::memcpy(&handle, key.data(), sizeof handle);
+      void* opened = nullptr;
+      check(cudaIpcOpenMemHandle(&opened, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+      it = s.opened.emplace(key, Opened{opened, 0, 0}).first;
+    }
+    it->second.live += 1;
+    it->second.last_use = ++s.uses;
+    base = static_cast<std::byte*>(it->second.base);
+  }
+  record.ref(me.rank).fetch_add(1, std::memory_order_acq_rel);
+  record.in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  auto state = std::make_shared<GpuState>();
+  state->kind = WireTensor::Kind::ipc;
+  state->ipc_handle = key;
+  state->ipc_offset = wire.ipc_offset;
+  state->ipc_record = wire.ipc_record;
+  BlockRecord* held = &record;
+  const int rank = me.rank;
+  return Storage::cuda(base + wire.ipc_offset, wire.ipc_bytes, wire.device, std::move(state), [held, rank, key, own]() {
+    quiesce_before_release();
+    held->ref(rank).fetch_sub(1, std::memory_order_acq_rel);
+    if (own) return;
+    Ipc& cache = ipc();
+    std::lock_guard lock(cache.mutex);
+    auto it = cache.opened.find(key);
+    if (it != cache.opened.end()) it->second.live -= 1;
+    trim_opened(cache);
+  });
+}
+
+}  // namespace nodal::detail::gpu
