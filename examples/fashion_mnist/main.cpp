@@ -7,6 +7,7 @@
 // loader.hpp): by default `--loaders` children per trainer started with nodal::spawn, or with
 // --loader-ranks extra ranks of the job. Rank 0 evaluates on the test set after each epoch,
 // prints a line per epoch and a summary. `--fail-at-step K --fail-rank R` is the failure drill.
+#include <nodal/cuda.hpp>
 #include <nodal/nodal.hpp>
 
 #include <chrono>
@@ -133,8 +134,14 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
 
   BatchReceiver receiver(trainer, options.loaders, options.prefetch, plan.local_batch());
   // --device cuda: the GPU nodalrun --gpus gave this rank, else the first one (ranks then share it).
+  // Asked only now: CUDA does not survive fork, and the loaders' fork server has started above.
   nodal::Device device{};
-  if (options.device == "cuda") device = ctx.device().kind == nodal::Device::Kind::cuda ? ctx.device() : nodal::Device::cuda(0);
+  if (options.device == "cuda") {
+    if (!nodal::cuda::available()) {
+      throw UsageProblem(fmt::format("--device cuda: {}; use --device cpu", nodal::cuda::unavailable_reason()));
+    }
+    device = ctx.device().kind == nodal::Device::Kind::cuda ? ctx.device() : nodal::Device::cuda(0);
+  }
   DataParallelTrainer trainer_state(plan, options, comm, device);
   Progress progress(plan);
   StepTimes times;

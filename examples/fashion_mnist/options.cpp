@@ -54,7 +54,7 @@ Options parse_options(int argc, char** argv) {
     std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   o.placement = loader_ranks ? LoaderPlacement::ranks : LoaderPlacement::children;
-  if (o.device == "cuda" && !nodal::cuda::available()) {
+  if (o.device == "cuda" && !nodal::cuda::built_with_cuda()) {  // asks no driver: CUDA must not start before fork
     std::fprintf(stderr, "fashion_mnist: --device cuda: %s; use --device cpu\n", nodal::cuda::unavailable_reason().c_str());
     std::exit(2);
   }

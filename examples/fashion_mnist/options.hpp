@@ -40,7 +40,8 @@ struct Options {
 };
 
 /// Parses argv. Prints help or a usage error and exits (0 or 2) when it must; exits 2 with one
-/// line saying why for `--device cuda` where no GPU can be used.
+/// line saying why for `--device cuda` in a build without CUDA (whether a GPU is there is asked
+/// later, by the trainer: CUDA must not be initialised before the loaders' fork server starts).
 Options parse_options(int argc, char** argv);
 
 }  // namespace fashion_mnist

@@ -4,6 +4,7 @@
 #include <nodal/detail/control.hpp>
 #include <nodal/detail/environment.hpp>
 #include <nodal/detail/exception_report.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 
@@ -108,6 +109,13 @@ void fork_ranks_as_zygote() {
     // the references counted in it.
     refuse("the program used shared memory (a shared tensor, queue or lock) before nodal::init(); "
            "with forkserver, call nodal::init() first");
+  }
+  // Checked before the threads: CUDA's runtime may have started threads of its own, and the
+  // reason to give then is CUDA.
+  if (gpu::cuda_initialized()) {
+    refuse("CUDA was initialised in this process before fork (by nodal::cuda::available(), a cuda tensor, a GPU "
+           "copy, ... before nodal::init()): CUDA does not survive fork, the ranks would get a broken CUDA. Use "
+           "CUDA only after nodal::init(), or use --start-method spawn");
   }
   if (int threads = thread_count(); threads != 1) {
     refuse(fmt::format(

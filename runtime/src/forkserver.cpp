@@ -1,6 +1,7 @@
 #include <nodal/errors.hpp>
 #include <nodal/spawn.hpp>
 #include <nodal/detail/forkserver.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 
 #include <pthread.h>
@@ -207,6 +208,17 @@ Error server_lost() {
 /// Starts the server unless one runs. The caller holds g_server.mutex.
 void start_server_locked(std::string_view caller) {
   if (g_server.pid > 0) return;
+  // Checked before the threads: CUDA's runtime may have started threads of its own, and the
+  // reason to give then is CUDA. A server started before CUDA was used is a clean copy, and
+  // stays usable whatever the program does with CUDA afterwards.
+  if (detail::gpu::cuda_initialized()) {
+    throw UsageError(fmt::format(
+        "{}: CUDA was initialised in this process before fork (by nodal::cuda::available(), a cuda tensor, a "
+        "GPU copy, ...): CUDA does not survive fork, and the fork server and its children would get a broken "
+        "CUDA. Call nodal::start_forkserver() at the top of main(), before any use of CUDA, and use CUDA in the "
+        "spawned function; or use StartMethod::spawn",
+        caller));
+  }
   if (const int threads = thread_count(); threads > 1) {
     throw UsageError(fmt::format(
         "{}: the fork server must start while the program runs one thread, but it runs {} (fork copies only "

@@ -24,11 +24,16 @@ namespace detail::gpu {
 
 void require_available(const char* what) { throw CudaError(fmt::format("{}: {}", what, cuda::unavailable_reason())); }
 
+DeviceGuard::DeviceGuard(int) { require_available("making a GPU current"); }
+DeviceGuard::~DeviceGuard() = default;
+bool cuda_initialized() noexcept { return false; }
+
 std::shared_ptr<Storage> pool_allocate(int, std::size_t) {
   require_available("a cuda tensor");
   return nullptr;
 }
 PoolBlock pool_block(const Storage&) noexcept { return {}; }
+std::optional<PoolBlock> find_pool_block(const void*, std::size_t) noexcept { return std::nullopt; }
 void* map_pool_block(const PoolBlock&) {
   require_available("a GPU pool block");
   return nullptr;

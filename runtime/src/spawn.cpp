@@ -5,6 +5,7 @@
 #include <nodal/detail/control.hpp>
 #include <nodal/detail/exception_report.hpp>
 #include <nodal/detail/forkserver.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 
 #include <fcntl.h>
@@ -368,6 +369,15 @@ void join(ExitFeed& feed, Children& children, int control_fd, std::chrono::milli
 
 void spawn_by_fork(const std::function<void(int)>& fn, int nprocs, Fd ranks_end, int control_fd,
                    std::chrono::milliseconds grace) {
+  // Checked before the threads: CUDA's runtime may have started threads of its own, and the
+  // reason to give then is CUDA.
+  if (gpu::cuda_initialized()) {
+    throw UsageError(
+        "nodal::spawn(StartMethod::fork): CUDA was initialised in this process before fork (by "
+        "nodal::cuda::available(), a cuda tensor, a GPU copy, ...): CUDA does not survive fork, the children "
+        "would get a broken CUDA. Use CUDA only in the spawned function (not before nodal::spawn), or use "
+        "StartMethod::spawn");
+  }
   if (const int threads = thread_count(); threads > 1) {
     throw UsageError(fmt::format(
         "nodal::spawn(StartMethod::fork): the program runs {} threads, and fork() copies only the calling one "

@@ -233,7 +233,11 @@ TEST_F(BlockTableTest, ADeadRanksReferencesAreIgnored) {
 TEST_F(BlockTableTest, ALiveChildsReferenceCountsUntilItDies) {
   BlockTable table(*arena_, 0, 2, 0, 2 * kMiB, 2 * kMiB, dev_.grow());
   auto a = table.allocate(8192);
+  // Two pipes: one each way (with one, the child could read back its own byte and leave the
+  // parent waiting forever).
+  int ready[2];
   int go[2];
+  ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(go), 0);
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
@@ -241,20 +245,19 @@ TEST_F(BlockTableTest, ALiveChildsReferenceCountsUntilItDies) {
     register_rank(*arena_, 1, ::getpid());
     a.record->ref(1).fetch_add(1);
     char byte;
-    (void)::write(go[1], "r", 1);
+    (void)::write(ready[1], "r", 1);
     (void)::read(go[0], &byte, 1);  // until the parent has checked
     ::_exit(0);
   }
   char byte;
-  ASSERT_EQ(::read(go[0], &byte, 1), 1);
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
   table.retire(a);
   EXPECT_EQ(table.retired_count(), 1u);  // rank 1 lives and holds it
   ASSERT_EQ(::write(go[1], "g", 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_EQ(table.reclaim(), 1u);
-  ::close(go[0]);
-  ::close(go[1]);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
 }
 
 TEST_F(BlockTableTest, OutOfGpuMemoryFreesTheRecordAndRethrows) {

@@ -137,4 +137,82 @@ TEST(IpcPlan, AlignmentAndOverlap) {
   EXPECT_TRUE(overlaps(buffer + 20, 10, buffer, 64));
 }
 
+TEST(IpcPlan, LargeCallsAgreeWithTheAlgorithm) {
+  const std::size_t max = kDefaultOnePassMax;
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, max / 4, max / 4 + 1, std::size_t{16} << 20}) {
+      // allreduce and reduce: exactly the two-phase algorithm (whose path already ends with every
+      // rank's reduced event).
+      for (Kind kind : {Kind::allreduce, Kind::reduce}) {
+        EXPECT_EQ(large_call(kind, count, 4, n, max),
+                  choose_algorithm(count * 4, n, max) == Algorithm::reduce_scatter_allgather)
+            << "n " << n << " count " << count;
+      }
+    }
+  }
+  // reduce_scatter: the same rule on its whole (n * count) input.
+  EXPECT_FALSE(large_call(Kind::reduce_scatter, max / 4 / 4, 4, 4, max));
+  EXPECT_TRUE(large_call(Kind::reduce_scatter, max / 4 / 4 + 1, 4, 4, max));
+  EXPECT_FALSE(large_call(Kind::reduce_scatter, std::size_t{1} << 24, 4, 1, max));
+  // broadcast, allgather: more than one_pass_max per rank, and a peer to read it.
+  for (Kind kind : {Kind::broadcast, Kind::allgather}) {
+    EXPECT_FALSE(large_call(kind, max, 1, 4, max));
+    EXPECT_TRUE(large_call(kind, max + 1, 1, 4, max));
+    EXPECT_FALSE(large_call(kind, max + 1, 1, 1, max));
+    EXPECT_FALSE(large_call(kind, 0, 4, 4, 0));
+  }
+  EXPECT_FALSE(large_call(Kind::barrier, 0, 1, 4, 0));
+  // The 64 MiB f32 allreduce the bandwidth target is about.
+  EXPECT_TRUE(large_call(Kind::allreduce, std::size_t{16} << 20, 4, 2, max));
+}
+
+TEST(IpcPlan, InputOverlapPerKind) {
+  alignas(16) static std::byte memory[4096];
+  std::byte* const base = memory;
+  const std::size_t count = 16, es = 4, bytes = count * es;  // 64 bytes per block
+  const int n = 4;
+  // allreduce, reduce: in place only when input == output.
+  for (Kind kind : {Kind::allreduce, Kind::reduce}) {
+    EXPECT_EQ(input_overlap(kind, base, base, count, es, n, 2), Overlap::in_place);
+    EXPECT_EQ(input_overlap(kind, base, base + bytes, count, es, n, 2), Overlap::none);
+    EXPECT_EQ(input_overlap(kind, base, base + 4, count, es, n, 2), Overlap::partial);
+    EXPECT_EQ(input_overlap(kind, base + 4, base, count, es, n, 2), Overlap::partial);
+    EXPECT_EQ(input_overlap(kind, base, nullptr, count, es, n, 2), Overlap::none);  // reduce, non-root
+    EXPECT_EQ(input_overlap(kind, base, base, 0, es, n, 2), Overlap::none);         // nothing to read
+  }
+  // allgather: in place when the input is this rank's block of the output.
+  EXPECT_EQ(input_overlap(Kind::allgather, base + 2 * bytes, base, count, es, n, 2), Overlap::in_place);
+  EXPECT_EQ(input_overlap(Kind::allgather, base + 1 * bytes, base, count, es, n, 2), Overlap::partial);  // another rank's block
+  EXPECT_EQ(input_overlap(Kind::allgather, base + 2 * bytes + 4, base, count, es, n, 2), Overlap::partial);
+  EXPECT_EQ(input_overlap(Kind::allgather, base + 4 * bytes, base, count, es, n, 2), Overlap::none);
+  EXPECT_EQ(input_overlap(Kind::allgather, base, base + bytes, count, es, n, 0), Overlap::none);
+  // reduce_scatter: in place when the output is this rank's block of the input.
+  EXPECT_EQ(input_overlap(Kind::reduce_scatter, base, base + 3 * bytes, count, es, n, 3), Overlap::in_place);
+  EXPECT_EQ(input_overlap(Kind::reduce_scatter, base, base + 3 * bytes, count, es, n, 1), Overlap::partial);
+  EXPECT_EQ(input_overlap(Kind::reduce_scatter, base, base, count, es, n, 1), Overlap::partial);
+  EXPECT_EQ(input_overlap(Kind::reduce_scatter, base, base, count, es, n, 0), Overlap::in_place);
+  EXPECT_EQ(input_overlap(Kind::reduce_scatter, base, base + 4 * bytes, count, es, n, 0), Overlap::none);
+  // One buffer, or none.
+  EXPECT_EQ(input_overlap(Kind::broadcast, base, base, count, es, n, 0), Overlap::none);
+  EXPECT_EQ(input_overlap(Kind::barrier, nullptr, nullptr, 0, 1, n, 0), Overlap::none);
+}
+
+TEST(IpcPlan, InputReadableInPlace) {
+  for (Kind kind : {Kind::allreduce, Kind::allgather, Kind::reduce_scatter}) {
+    for (bool root : {false, true}) {
+      EXPECT_TRUE(input_readable_in_place(kind, Overlap::none, root));
+      EXPECT_TRUE(input_readable_in_place(kind, Overlap::in_place, root));
+      EXPECT_FALSE(input_readable_in_place(kind, Overlap::partial, root));  // own writes may meet peers' reads
+    }
+  }
+  // reduce: the root writes its output; a non-root writes none.
+  EXPECT_TRUE(input_readable_in_place(Kind::reduce, Overlap::in_place, true));
+  EXPECT_FALSE(input_readable_in_place(Kind::reduce, Overlap::partial, true));
+  EXPECT_TRUE(input_readable_in_place(Kind::reduce, Overlap::partial, false));
+  // broadcast: only the root's buffer is read.
+  EXPECT_TRUE(input_readable_in_place(Kind::broadcast, Overlap::none, true));
+  EXPECT_FALSE(input_readable_in_place(Kind::broadcast, Overlap::none, false));
+  EXPECT_FALSE(input_readable_in_place(Kind::barrier, Overlap::none, true));
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 // NODAL_SPAWN_TEST_ROOT: children re-executed by StartMethod::spawn inherit it, and the fork
 // server, a fork of this process made later, knows it already. The children run plain
 // functions, the only kind StartMethod::forkserver accepts.
+#include <nodal/cuda.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/spawn.hpp>
 
@@ -380,6 +381,47 @@ TEST_F(SpawnFixture, ForkserverCannotStartOnceThreadsRun) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: start_forkserver did not throw; 2: its message gave no advice";
+}
+
+TEST_F(SpawnFixture, ForkRefusedOnceCudaWasInitialised) {
+  if (!nodal::cuda::built_with_cuda()) GTEST_SKIP() << "nodal was built without CUDA";
+  // In a forked child: the mark "CUDA initialised" is for the life of a process. Asking whether
+  // CUDA is available initialises it (with or without a driver and a GPU).
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    (void)nodal::cuda::available();
+    auto says_cuda = [](const nodal::UsageError& e) {
+      const std::string what = e.what();
+      return what.find("CUDA does not survive fork") != std::string::npos &&
+             what.find("StartMethod::spawn") != std::string::npos;
+    };
+    int code = 0;
+    try {
+      nodal::spawn(&record_rank, 1, {StartMethod::fork});
+      code = 1;
+    } catch (const nodal::UsageError& e) {
+      if (!says_cuda(e)) {
+        std::fprintf(stderr, "fork: %s\n", e.what());
+        code = 2;
+      }
+    }
+    try {
+      nodal::start_forkserver();
+      code = code == 0 ? 3 : code;
+    } catch (const nodal::UsageError& e) {
+      if (!says_cuda(e)) {
+        std::fprintf(stderr, "forkserver: %s\n", e.what());
+        code = code == 0 ? 4 : code;
+      }
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: spawn(fork) ran; 2: its message did not name CUDA; 3: start_forkserver "
+                                       "started; 4: its message did not name CUDA";
+  EXPECT_EQ(recorded(1), std::vector<pid_t>{-1}) << "a rank ran";
 }
 
 TEST_F(SpawnFixture, SpawnedChildSkipsTheCallsBeforeItsOwn) {

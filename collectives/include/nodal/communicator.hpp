@@ -148,6 +148,12 @@ class Communicator {
   // a dead peer: PeerFailure, never a GPU hang). last_algorithm() says "nccl" or "cuda_ipc".
   // send/recv of cuda tensors need the GPU path set up by an earlier GPU collective (UsageError
   // otherwise) and NCCL. Throws CudaError when the GPU or NCCL fails, or in a build without CUDA.
+  // Where the GPU paths differ from the CPU path's results: CUDA IPC folds in rank order like the
+  // CPU (bitwise equal, NaN payloads aside); NCCL reduces in its own order, so float sums with 3 or
+  // more ranks may differ from the CPU's in the last bits (still identical on every rank), its
+  // float min/max drop NaNs (fmin/fmax), and bool takes max/min of bytes (equal to or/and for 0/1).
+  // A rank that throws on its own in a GPU call (out of GPU memory, say) leaves its peers waiting
+  // until the job fails: let such errors end the rank.
 
   /// In place: every rank's `tensor` becomes op over every rank's `tensor`.
   void allreduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);

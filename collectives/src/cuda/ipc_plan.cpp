@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <string>
 
 #include <fmt/format.h>
@@ -72,6 +73,66 @@ ScratchLayout scratch_layout(Kind kind, Algorithm algorithm, std::size_t count, 
 std::size_t grow_scratch(std::size_t current, std::size_t needed) noexcept {
   if (needed <= current) return current;
   return std::bit_ceil(std::max(needed, kMinScratch));
+}
+
+bool large_call(Kind kind, std::size_t count, std::size_t elem_size, int n, std::size_t one_pass_max) noexcept {
+  const std::size_t bytes = count * elem_size;
+  switch (kind) {
+    case Kind::allreduce:
+    case Kind::reduce: return choose_algorithm(bytes, n, one_pass_max) == Algorithm::reduce_scatter_allgather;
+    case Kind::reduce_scatter:
+      return choose_algorithm(static_cast<std::size_t>(n > 0 ? n : 0) * bytes, n, one_pass_max) ==
+             Algorithm::reduce_scatter_allgather;
+    case Kind::broadcast:
+    case Kind::allgather: return n > 1 && bytes > one_pass_max;
+    case Kind::barrier: return false;
+  }
+  return false;
+}
+
+Overlap input_overlap(Kind kind, const void* input, const void* output, std::size_t count, std::size_t elem_size,
+                      int n, int rank) noexcept {
+  const std::size_t bytes = count * elem_size;
+  const std::size_t all = static_cast<std::size_t>(n > 0 ? n : 0) * bytes;
+  const std::size_t mine = static_cast<std::size_t>(rank > 0 ? rank : 0) * bytes;
+  const auto* in = static_cast<const std::byte*>(input);
+  const auto* out = static_cast<const std::byte*>(output);
+  std::size_t in_bytes = 0, out_bytes = 0;
+  bool same = false;
+  switch (kind) {
+    case Kind::allreduce:
+    case Kind::reduce:
+      in_bytes = out_bytes = bytes;
+      same = in == out;
+      break;
+    case Kind::allgather:
+      in_bytes = bytes;
+      out_bytes = all;
+      // Compared as integers: `out + mine` is no valid pointer arithmetic when output is null.
+      same = reinterpret_cast<std::uintptr_t>(in) == reinterpret_cast<std::uintptr_t>(out) + mine;
+      break;
+    case Kind::reduce_scatter:
+      in_bytes = all;
+      out_bytes = bytes;
+      same = reinterpret_cast<std::uintptr_t>(out) == reinterpret_cast<std::uintptr_t>(in) + mine;
+      break;
+    case Kind::broadcast:
+    case Kind::barrier: return Overlap::none;
+  }
+  if (input == nullptr || output == nullptr || !overlaps(input, in_bytes, output, out_bytes)) return Overlap::none;
+  return same ? Overlap::in_place : Overlap::partial;
+}
+
+bool input_readable_in_place(Kind kind, Overlap overlap, bool root) noexcept {
+  switch (kind) {
+    case Kind::allreduce:
+    case Kind::allgather:
+    case Kind::reduce_scatter: return overlap != Overlap::partial;
+    case Kind::reduce: return !root || overlap != Overlap::partial;
+    case Kind::broadcast: return root;
+    case Kind::barrier: return false;
+  }
+  return false;
 }
 
 bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {

@@ -55,8 +55,10 @@ std::size_t max_share(std::size_t count, std::size_t elem_size, int n) noexcept;
 enum class Kind : std::uint8_t { allreduce, reduce, broadcast, allgather, reduce_scatter, barrier };
 
 /// A rank's scratch block for one call: [staging | reduced]. Staging holds a copy of this rank's
-/// input that peers read (so an in-place call never has a peer read memory its owner is writing);
-/// reduced holds this rank's reduced share for peers to gather.
+/// input that peers read when they do not read it in place (small calls, inputs outside the pool,
+/// overlaps that would have a peer read memory its owner is writing: see below); it is laid out
+/// either way, since peers compute a rank's layout from the call alone. Reduced holds this rank's
+/// reduced share for peers to gather.
 struct ScratchLayout {
   std::size_t staging_bytes = 0;   ///< at offset 0
   std::size_t reduced_offset = 0;  ///< kShareAlign-aligned
@@ -65,6 +67,51 @@ struct ScratchLayout {
 };
 /// `count` as the Communicator's call takes it: reduce_scatter's input is n * count elements.
 ScratchLayout scratch_layout(Kind kind, Algorithm algorithm, std::size_t count, std::size_t elem_size, int n) noexcept;
+
+// ---- Reading inputs in place (no staging copy) ----
+// A rank whose input lies in its own GPU pool (gpu::find_pool_block) may publish that block in its
+// per-call record instead of staging a copy; peers then read the input where it is. That is safe
+// when (a) nothing writes the bytes peers read while they read them, and (b) the rank returns
+// only after every peer finished reading (the user may overwrite or free the buffer then). (b):
+// in large calls of every kind each rank records its reduced event after its kernels that read
+// peers' inputs, and a rank that published its input makes its stream wait for every peer's
+// reduced event before it finishes (allreduce and the root of reduce already do, before
+// gathering). (a): see input_readable_in_place. Small (one-pass) calls always stage: they are
+// latency-bound, and (b) would add a round.
+
+/// Whether a call is large enough for peers to read pool inputs in place, and so ends with every
+/// rank's reduced event (the same on every rank: it depends on kind, count, elem_size, n only).
+/// allreduce, reduce: the reduce-scatter + all-gather algorithm; reduce_scatter: the same rule on
+/// its n * count-element input; broadcast, allgather: more than one_pass_max bytes per rank.
+bool large_call(Kind kind, std::size_t count, std::size_t elem_size, int n, std::size_t one_pass_max) noexcept;
+
+/// How a rank's input and output share memory in a call.
+enum class Overlap : std::uint8_t {
+  none,      ///< disjoint (or one of them empty)
+  in_place,  ///< the collective's in-place form: allreduce, reduce: input == output; allgather:
+             ///< input == output + rank * count; reduce_scatter: output == input + rank * count
+  partial,   ///< any other overlap
+};
+/// `count` as the Communicator's call takes it (reduce_scatter's input and allgather's output are
+/// n * count elements). broadcast and barrier: none (one buffer, or none).
+Overlap input_overlap(Kind kind, const void* input, const void* output, std::size_t count, std::size_t elem_size,
+                      int n, int rank) noexcept;
+
+/// Whether, in a large call (large_call), this rank's own writes during the call never touch the
+/// bytes of its input that peers read, so it may let them read the input in place. Peers read, and
+/// the rank writes:
+/// - allreduce, reduce (root): peer p reads share p of the input; the rank's kernel writes its own
+///   share of the output while peers read, and the other shares only after every peer's reduced
+///   event. In place the own share of output and input coincide (no peer reads it); partial overlap
+///   could put the own output share on a share a peer reads: stage.
+/// - reduce, not root: writes no output.
+/// - reduce_scatter: peer p reads block p of the input; the rank writes its output (block `rank` of
+///   the input when in place, which no peer reads); partial overlap: stage.
+/// - allgather: peers read the whole input; the rank writes the other ranks' blocks of its output
+///   (in place its input is its own block, which it skips); partial overlap: stage.
+/// - broadcast: only the root's buffer is read, and the root does not write it. Non-roots: no.
+/// - barrier: no input.
+bool input_readable_in_place(Kind kind, Overlap overlap, bool root) noexcept;
 
 /// The scratch capacity to allocate when `current` bytes cannot hold `needed`: the next power of
 /// two >= needed, at least kMinScratch. Returns `current` when it suffices. Every rank computes the

@@ -27,6 +27,7 @@
 
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
+#include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/wait.hpp>
 
@@ -63,23 +64,7 @@ void cuda_check(cudaError_t error, const char* what) {
   }
 }
 
-/// Makes `device` current for the calling thread while it lives, and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
+using gpu::DeviceGuard;  // restores the caller's context only when it had one
 
 /// Polls `done` until it returns true: spinning first (the runtime's Waiter: a `pause` per round,
 /// or yields when ranks outnumber cores), then yielding for a couple of milliseconds, then napping

@@ -17,7 +17,10 @@
 // channel) is not the rank-order fold, so float sums can differ in the last bit from the CPU
 // path's result for three or more ranks. NCCL's result is still bitwise identical on every rank
 // (each element is reduced once and then copied) and from run to run for the same size, world
-// size and NCCL configuration (NCCL_ALGO, NCCL_PROTO, channel counts).
+// size and NCCL configuration (NCCL_ALGO, NCCL_PROTO, channel counts). Float min/max go to NCCL
+// as they are, and NCCL's fmin/fmax (and __hmin/__hmax) drop NaNs and may return either signed
+// zero where the CPU path keeps its first operand; bool goes as max/min of bytes, which is or/and
+// for 0/1 bytes (what nodal's tensors hold) but not for other stored bytes.
 #pragma once
 
 #include <nodal/communicator.hpp>

@@ -58,7 +58,12 @@ void wait_event(const WireTensor& wire, cuda::Stream stream);
 void release_event(const WireTensor& wire) noexcept;
 /// Before a consumer drops its reference: waits for the work queued on this thread's current
 /// stream (which may read or write the block), so the owner never reuses memory still in use.
-/// Errors are ignored (called from Storage releases, possibly during exit).
-void quiesce_before_release() noexcept;
+/// Returns false, without waiting further, once the job has failed (the abort word is set): the
+/// caller then keeps its reference and the memory (leaked on purpose rather than hanging on a
+/// stream that waits for a dead rank). CUDA errors are ignored (called from Storage releases,
+/// during stack unwinding, possibly during exit).
+bool quiesce_before_release() noexcept;
+/// Whether the job has failed (the arena's abort word is set; false without an arena).
+bool job_failed() noexcept;
 
 }  // namespace nodal::detail::gpu

@@ -13,14 +13,20 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
 namespace nodal {
 namespace {
+
+/// gpu.hpp cuda_initialized: set before this process's first call into CUDA.
+std::atomic<bool> g_cuda_initialized{false};
 
 struct Availability {
   int count = 0;
@@ -31,6 +37,9 @@ struct Availability {
 const Availability& availability() {
   static const Availability answer = [] {
     Availability a;
+    // Even without a driver (cudaErrorInsufficientDriver) the runtime has loaded and looked:
+    // say so whatever the answer, fork is refused either way (cheap to be strict here).
+    detail::gpu::note_cuda_initialized();
     cudaError_t result = cudaGetDeviceCount(&a.count);
     if (result == cudaErrorNoDevice || (result == cudaSuccess && a.count == 0)) {
       a.count = 0;
@@ -90,6 +99,17 @@ void synchronize() {
 
 namespace detail::gpu {
 
+void note_cuda_initialized() noexcept { g_cuda_initialized.store(true, std::memory_order_release); }
+bool cuda_initialized() noexcept { return g_cuda_initialized.load(std::memory_order_acquire); }
+
+bool job_failed() noexcept {
+  try {
+    return job_arena_exists() && job_arena().control().abort.load(std::memory_order_acquire) != 0;
+  } catch (...) {
+    return false;
+  }
+}
+
 void require_available(const char* what) {
   if (!cuda::available()) throw CudaError(fmt::format("{}: {}", what, cuda::unavailable_reason()));
 }
@@ -113,10 +133,31 @@ const Self& self() {
 
 BlockRecord& record_of(std::uint64_t offset) { return record_at(job_arena(), offset); }
 
-void quiesce_before_release() noexcept { (void)cudaStreamSynchronize(cuda::current_stream()); }
+bool quiesce_before_release() noexcept {
+  // Polled rather than cudaStreamSynchronize: a stream that waits on an event of a rank that died
+  // may never finish, and this runs in releases, during stack unwinding and at exit. Once the
+  // job has failed the memory is leaked on purpose (the caller keeps its reference: a dead
+  // rank's references do not count, so the owner reuses the block once this rank is gone).
+  if (job_failed()) return false;
+  const cudaStream_t stream = cuda::current_stream();
+  for (int polls = 0;; ++polls) {
+    const cudaError_t result = cudaStreamQuery(stream);
+    if (result != cudaErrorNotReady) {
+      if (result != cudaSuccess) (void)cudaGetLastError();  // errors are ignored (gpu.hpp)
+      return true;
+    }
+    if (job_failed()) return false;
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
 
 namespace {
-/// The device of the first of `a`, `b` that is device memory; the current device otherwise.
+/// The device of the first of `a`, `b` that is device memory; the current context's device
+/// otherwise (0 without one).
 int device_of(const void* a, const void* b) {
   for (const void* p : {a, b}) {
     if (p == nullptr) continue;
@@ -126,9 +167,8 @@ int device_of(const void* a, const void* b) {
     }
     (void)cudaGetLastError();
   }
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  return device;
+  // cudaGetDevice says 0 on a thread that never chose a device: the same answer, said plainly.
+  return current_device_or(0);
 }
 }  // namespace
 

@@ -3,7 +3,6 @@
 #include <nodal/errors.hpp>
 #include <nodal/detail/gpu.hpp>
 
-#include <bitset>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -32,6 +31,7 @@ const Driver& driver() {
   static Driver table;
   static std::once_flag once;
   std::call_once(once, [] {
+    note_cuda_initialized();  // require_available does too; this says so where the driver loads
     require_available("the CUDA driver API");
     resolve(table.get_error_name, "cuGetErrorName");
     resolve(table.get_error_string, "cuGetErrorString");
@@ -47,6 +47,8 @@ const Driver& driver() {
     resolve(table.mem_unmap, "cuMemUnmap");
     resolve(table.mem_set_access, "cuMemSetAccess");
     resolve(table.mem_get_address_range, "cuMemGetAddressRange");
+    resolve(table.ctx_get_current, "cuCtxGetCurrent");
+    resolve(table.ctx_set_current, "cuCtxSetCurrent");
   });  // an exception leaves the flag unset: the next call tries again and throws the same
   return table;
 }
@@ -68,26 +70,33 @@ void check(CUresult result, const char* call) {
                               text ? text : "no description"));
 }
 
-namespace {
-/// Devices the calling thread has made current once (so their primary context is initialised
-/// and bound to the thread).
-thread_local std::bitset<1024> t_bound;
-}  // namespace
+int current_device_or(int fallback) {
+  CUcontext current = nullptr;
+  check(driver().ctx_get_current(&current), "cuCtxGetCurrent");
+  if (current == nullptr) return fallback;
+  int device = fallback;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
 
 DeviceGuard::DeviceGuard(int device) {
-  check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ == device && device >= 0 && device < 1024 && t_bound[device]) {
-    previous_ = -1;  // nothing to restore
-    return;
+  const Driver& d = driver();
+  CUcontext current = nullptr;
+  check(d.ctx_get_current(&current), "cuCtxGetCurrent");
+  if (current != nullptr) {
+    // A context is current: cudaGetDevice names its device (no context is created).
+    int active = -1;
+    check(cudaGetDevice(&active), "cudaGetDevice");
+    if (active == device) return;  // nothing to change, nothing to restore
   }
-  // Since CUDA 12.0 cudaSetDevice also initialises the device's primary context.
+  // Since CUDA 12.0 cudaSetDevice also initialises the device's primary context and makes it
+  // current.
   check(cudaSetDevice(device), "cudaSetDevice");
-  if (device >= 0 && device < 1024) t_bound[device] = true;
-  if (previous_ == device) previous_ = -1;
+  previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  if (previous_ != nullptr) (void)driver().ctx_set_current(previous_);
 }
 
 }  // namespace nodal::detail::gpu

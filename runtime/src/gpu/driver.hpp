@@ -5,6 +5,8 @@
 // Internal.
 #pragma once
 
+#include <nodal/detail/gpu.hpp>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -27,6 +29,8 @@ struct Driver {
   decltype(&::cuMemUnmap) mem_unmap;
   decltype(&::cuMemSetAccess) mem_set_access;
   decltype(&::cuMemGetAddressRange) mem_get_address_range;  // cuMemGetAddressRange_v2
+  decltype(&::cuCtxGetCurrent) ctx_get_current;
+  decltype(&::cuCtxSetCurrent) ctx_set_current;
 };
 const Driver& driver();
 
@@ -34,17 +38,14 @@ const Driver& driver();
 void check(cudaError_t result, const char* call);
 void check(CUresult result, const char* call);
 
-/// Makes `device` the calling thread's current device (initialising its primary context, which
-/// the driver calls need) for the guard's life, and restores the previous one after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device);
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
+/// Records that this process called into the CUDA runtime or driver (device.cpp; gpu.hpp
+/// cuda_initialized): set before the first such call, never cleared. Thread-safe.
+void note_cuda_initialized() noexcept;
 
- private:
-  int previous_ = -1;
-};
+/// The device of the calling thread's current context, or `fallback` when it has none (then
+/// cudaGetDevice would say 0 without any device having been chosen). Throws CudaError.
+int current_device_or(int fallback);
+
+// DeviceGuard: declared in <nodal/detail/gpu.hpp> (the collectives use it too).
 
 }  // namespace nodal::detail::gpu

@@ -4,6 +4,14 @@
 // handle costs ~240 us (DESIGN.md "GPU facts"), so events are reused: each slot's handle is
 // published in the arena once and opened once per consumer process, and a slot is recorded again
 // only after the consumer has queued its wait (the slot's state goes back to free then).
+//
+// A producer that exits waits for its recorded events and marks them done, so a consumer that
+// gets the tensor later skips the wait (the event dies with the producer: using an imported
+// event after its exporter destroyed it is undefined behaviour). The race between a consumer's
+// "not done yet, wait on it" and the producer exiting right then is closed in the arena, not by
+// a mutex (the two are different processes): the consumer claims the slot (recorded -> waiting)
+// before it opens the handle and queues its wait, and the exiting producer waits (bounded, see
+// finish_events_at_exit) for a waiting slot to go free before it exits.
 #include "common.hpp"
 #include "driver.hpp"
 
@@ -12,11 +20,15 @@
 #include <nodal/detail/storage.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -30,7 +42,12 @@ enum SlotState : std::uint32_t {
   kFree = 0,      ///< the owner may record it
   kRecorded = 1,  ///< recorded for a wire; a consumer will wait on it
   kDone = 2,      ///< recorded, and the owner has seen it complete (it is exiting): no wait needed
+  kWaiting = 3,   ///< a consumer is opening the event or queuing its wait (its owner must not exit)
 };
+
+/// How long an exiting producer waits for its recorded events to complete and for consumers
+/// that are queuing their waits.
+constexpr auto kExitWait = std::chrono::seconds(10);
 
 /// One event slot as every process sees it.
 struct alignas(64) EventSlot {
@@ -76,19 +93,55 @@ Events& events() {
 
 /// At exit: the events this rank recorded that nobody has waited for yet are waited for here and
 /// marked done, so consumers that get our tensors after we are gone need not open an event of a
-/// process that no longer exists. Registered after the CUDA runtime started, so it runs before
-/// the runtime's own teardown.
-void finish_events_at_exit() {
-  Events& e = events();
-  std::lock_guard lock(e.mutex);
-  if (e.own == nullptr) return;
-  for (int s = 0; s < kSlots; ++s) {
-    EventSlot& slot = e.own->slots[s];
-    if (e.local[s] == nullptr || slot.state.load(std::memory_order_acquire) != kRecorded) continue;
-    if (cudaEventSynchronize(e.local[s]) == cudaSuccess) {
-      std::uint32_t expected = kRecorded;
-      slot.state.compare_exchange_strong(expected, kDone, std::memory_order_acq_rel);
+/// process that no longer exists; a slot a consumer is waiting on (kWaiting) is let go free
+/// first. Polled (cudaEventQuery) and bounded: it gives up at kExitWait or once the job has
+/// failed (an event behind a wait on a dead rank may never complete). Registered after the CUDA
+/// runtime started, so it runs before the runtime's own teardown. An atexit handler: nothing may
+/// escape it.
+void finish_events_at_exit() noexcept {
+  try {
+    Events& e = events();
+    std::lock_guard lock(e.mutex);
+    if (e.own == nullptr) return;
+    const auto deadline = std::chrono::steady_clock::now() + kExitWait;
+    int abandoned = 0;
+    for (int s = 0; s < kSlots; ++s) {
+      EventSlot& slot = e.own->slots[s];
+      if (e.local[s] == nullptr) continue;
+      for (;;) {
+        std::uint32_t state = slot.state.load(std::memory_order_acquire);
+        if (state == kFree || state == kDone) break;
+        if (state == kRecorded) {
+          const cudaError_t result = cudaEventQuery(e.local[s]);
+          if (result == cudaSuccess) {
+            // Fails only when a consumer claimed it meanwhile: look again.
+            if (slot.state.compare_exchange_strong(state, kDone, std::memory_order_acq_rel)) break;
+            continue;
+          }
+          if (result != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            ++abandoned;
+            break;
+          }
+        }
+        // Not complete yet, or a consumer is queuing its wait on it.
+        if (job_failed() || std::chrono::steady_clock::now() >= deadline) {
+          ++abandoned;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
     }
+    if (abandoned > 0) {
+      std::fprintf(stderr,
+                   "nodal: rank %d exits with %d interprocess CUDA event(s) of queued tensors not finished; "
+                   "their consumers may fail to open them\n",
+                   self().rank, abandoned);
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "nodal: at exit, finishing interprocess CUDA events failed: %s\n", error.what());
+  } catch (...) {
+    std::fprintf(stderr, "nodal: at exit, finishing interprocess CUDA events failed\n");
   }
 }
 
@@ -161,47 +214,59 @@ void wait_event(const WireTensor& wire, cuda::Stream stream) {
   }
   EventSlot& slot = table_of(wire.event_owner).slots[wire.event_slot];
   if (slot.generation.load(std::memory_order_acquire) != wire.event_generation) {
+    // The slot is not this wire's any more (it was freed and recorded again for another wire,
+    // whose consumer frees it): leave its state alone.
     throw CudaError(fmt::format("event slot {} of rank {} was recorded again before its consumer waited on it",
                                 wire.event_slot, wire.event_owner));
   }
-  Events& e = events();
-  cudaEvent_t event = nullptr;
-  {
-    std::lock_guard lock(e.mutex);
-    if (wire.event_owner == self().rank) {
-      event = e.local[wire.event_slot];
-    } else if (slot.state.load(std::memory_order_acquire) == kDone) {
-      event = nullptr;  // the producer saw it complete (and may be gone)
-    } else {
-      auto key = std::make_pair(wire.event_owner, wire.event_slot);
-      auto it = e.opened.find(key);
-      if (it == e.opened.end()) {
-        if (slot.published.load(std::memory_order_acquire) == 0) {
-          throw CudaError(fmt::format("event slot {} of rank {} has no handle", wire.event_slot, wire.event_owner));
+  // From here on every path, throwing or not, frees the slot (unless it is not this wire's).
+  bool ours = true;
+  try {
+    Events& e = events();
+    const bool own = wire.event_owner == self().rank;
+    if (!own) {
+      // Claim the slot so that its producer does not exit (destroying the event) while it is
+      // opened and waited on here; a slot the producer already marked done needs no wait.
+      std::uint32_t expected = kRecorded;
+      if (!slot.state.compare_exchange_strong(expected, kWaiting, std::memory_order_acq_rel)) {
+        if (expected == kDone) {
+          slot.state.store(kFree, std::memory_order_release);
+          return;
         }
-        DeviceGuard guard(slot.device);
-        cudaEvent_t opened = nullptr;
-        cudaError_t result = cudaIpcOpenEventHandle(&opened, slot.handle);
-        if (result != cudaSuccess && slot.state.load(std::memory_order_acquire) == kDone) {
-          (void)cudaGetLastError();  // the producer finished it and exited meanwhile
-        } else {
-          check(result, "cudaIpcOpenEventHandle");
-          it = e.opened.emplace(key, opened).first;
-          event = opened;
-        }
+        ours = false;
+        throw CudaError(fmt::format("event slot {} of rank {} is in state {}, not recorded: a queued cuda "
+                                    "tensor was taken twice",
+                                    wire.event_slot, wire.event_owner, expected));
+      }
+    }
+    cudaEvent_t event = nullptr;
+    {
+      std::lock_guard lock(e.mutex);
+      if (own) {
+        event = e.local[wire.event_slot];
       } else {
+        auto key = std::make_pair(wire.event_owner, wire.event_slot);
+        auto it = e.opened.find(key);
+        if (it == e.opened.end()) {
+          if (slot.published.load(std::memory_order_acquire) == 0) {
+            throw CudaError(fmt::format("event slot {} of rank {} has no handle", wire.event_slot, wire.event_owner));
+          }
+          DeviceGuard guard(slot.device);
+          cudaEvent_t opened = nullptr;
+          check(cudaIpcOpenEventHandle(&opened, slot.handle), "cudaIpcOpenEventHandle");
+          it = e.opened.emplace(key, opened).first;
+        }
         event = it->second;
       }
     }
-  }
-  if (event != nullptr) {
-    // Captures the event's most recent record now (on the host), so the slot may be recorded
-    // again once this call has returned.
-    cudaError_t result = cudaStreamWaitEvent(stream, event, 0);
-    if (result != cudaSuccess) {
-      slot.state.store(kFree, std::memory_order_release);
-      check(result, "cudaStreamWaitEvent");
+    if (event != nullptr) {
+      // Captures the event's most recent record now (on the host), so the slot may be recorded
+      // again once this call has returned.
+      check(cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent");
     }
+  } catch (...) {
+    if (ours) slot.state.store(kFree, std::memory_order_release);
+    throw;
   }
   slot.state.store(kFree, std::memory_order_release);
 }

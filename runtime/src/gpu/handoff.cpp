@@ -27,6 +27,19 @@ WireTensor export_storage(const Storage& storage, cuda::Stream stream) {
   wire.kind = state.kind;
   wire.device = storage.device();
   if (state.kind == WireTensor::Kind::none) return wire;  // empty: no memory, no order needed
+  // The event is recorded on `stream` with the storage's device current: a stream of another
+  // device cannot record it (cudaEventRecord fails). The legacy and per-thread default streams
+  // are per device: they name the storage's device's own.
+  if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    int stream_device = -1;
+    check(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice (a cuda tensor in a queue)");
+    if (stream_device != wire.device) {
+      throw UsageError(fmt::format("a cuda tensor in a queue: the tensor is on cuda:{} but the current stream "
+                                   "(cuda::current_stream()) belongs to cuda:{}; set a stream of cuda:{} as current "
+                                   "(or the default stream, nullptr) for the put",
+                                   wire.device, stream_device, wire.device));
+    }
+  }
   BlockRecord* record = nullptr;
   if (state.kind == WireTensor::Kind::pool) {
     wire.block = state.block;

@@ -4,8 +4,17 @@
 // - the producer keeps the memory alive while consumers hold references: its release is deferred
 //   (the "limbo", torch's CudaIPCSentDataLimbo) until the BlockRecord's counts are 0, re-checked
 //   on every nodal GPU call and at exit; a dead consumer's references do not count;
-// - a consumer opens each handle once per process (cudaIpcOpenMemHandle costs ~240 us) and keeps
-//   it open while it is used; idle handles are closed only when more than kIdleOpen pile up.
+// - a consumer opens each handle once per process (cudaIpcOpenMemHandle costs ~240 us) however
+//   many storages of it it holds at once, and closes it (cudaIpcCloseMemHandle) when the last of
+//   them goes, BEFORE it drops that storage's reference: "calling cudaFree on an exported memory
+//   region before calling cudaIpcCloseMemHandle in the importing context will result in undefined
+//   behavior" (cuda_runtime_api.h), and the producer's release (typically cudaFree) runs as soon
+//   as the counts are 0. No idle handle is kept open for reuse: a consumer that receives the same
+//   allocation again pays the open again (torch's consumers do the same).
+//   Two exports of one allocation (two Tensor::from_cuda over it, each with its own record and
+//   release) share the consumer's open handle: each record can reach 0 while the other export
+//   keeps the handle open, so such releases must not free the allocation before the last export
+//   is released (the producer's own storages over it would be invalid then too).
 #include "block_table.hpp"
 #include "common.hpp"
 #include "driver.hpp"
@@ -21,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -36,17 +46,13 @@ namespace {
 using Handle = std::array<std::uint8_t, 64>;
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(Handle));
 
-/// Idle opened handles a process keeps (opened, no storage over them now) before it closes the
-/// least recently used: a consumer that receives the same producer allocations again and again
-/// opens each once, and one that receives ever new allocations does not pin them all.
-constexpr std::size_t kIdleOpen = 32;
 /// How long exit waits for consumers to drop the memory this process exported.
 constexpr auto kExitWait = std::chrono::seconds(10);
 
 struct Opened {
   void* base = nullptr;
-  int live = 0;              ///< storages over it in this process
-  std::uint64_t last_use = 0;
+  int device = 0;
+  int live = 0;  ///< storages over it in this process (the entry goes when it reaches 0)
 };
 
 struct Deferred {
@@ -56,8 +62,7 @@ struct Deferred {
 
 struct Ipc {
   std::mutex mutex;
-  std::map<Handle, Opened> opened;
-  std::uint64_t uses = 0;
+  std::map<Handle, Opened> opened;  ///< handles open in this process, each once
   std::vector<Deferred> limbo;
   bool exit_hook = false;
 };
@@ -68,42 +73,43 @@ Ipc& ipc() {
   return *state;
 }
 
-/// Closes idle opened handles beyond kIdleOpen, least recently used first. Under the lock.
-void trim_opened(Ipc& s) {
-  std::size_t idle = 0;
-  for (const auto& [handle, entry] : s.opened) idle += entry.live == 0;
-  while (idle > kIdleOpen) {
-    auto oldest = s.opened.end();
-    for (auto it = s.opened.begin(); it != s.opened.end(); ++it) {
-      if (it->second.live == 0 && (oldest == s.opened.end() || it->second.last_use < oldest->second.last_use)) oldest = it;
-    }
-    (void)cudaIpcCloseMemHandle(oldest->second.base);
-    s.opened.erase(oldest);
-    --idle;
+/// Closes an opened handle (in the context it was opened in). Errors are ignored: a release path.
+void close_opened(const Opened& entry) noexcept {
+  try {
+    DeviceGuard guard(entry.device);
+    if (cudaIpcCloseMemHandle(entry.base) != cudaSuccess) (void)cudaGetLastError();
+  } catch (...) {
+    (void)cudaGetLastError();
   }
 }
 
 /// At exit: waits (up to kExitWait, or until the job fails) for consumers to drop what this
 /// process exported, then runs those releases; warns about what is still held.
-void drain_limbo_at_exit() {
-  auto deadline = std::chrono::steady_clock::now() + kExitWait;
-  for (;;) {
-    collect_limbo();
-    std::size_t left = 0;
-    {
-      std::lock_guard lock(ipc().mutex);
-      left = ipc().limbo.size();
+/// An atexit handler: nothing may escape it (std::terminate otherwise).
+void drain_limbo_at_exit() noexcept {
+  try {
+    auto deadline = std::chrono::steady_clock::now() + kExitWait;
+    for (;;) {
+      collect_limbo();
+      std::size_t left = 0;
+      {
+        std::lock_guard lock(ipc().mutex);
+        left = ipc().limbo.size();
+      }
+      if (left == 0) return;
+      if (job_failed() || std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr,
+                     "nodal: rank %d exits while other ranks still use %zu CUDA allocation(s) it shared with "
+                     "Tensor::from_cuda; they become invalid now (pool tensors, Tensor::empty on a GPU, do not)\n",
+                     self().rank, left);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (left == 0) return;
-    bool failed = job_arena().control().abort.load(std::memory_order_acquire) != 0;
-    if (failed || std::chrono::steady_clock::now() >= deadline) {
-      std::fprintf(stderr,
-                   "nodal: rank %d exits while other ranks still use %zu CUDA allocation(s) it shared with "
-                   "Tensor::from_cuda; they become invalid now (pool tensors, Tensor::empty on a GPU, do not)\n",
-                   self().rank, left);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nodal: at exit, waiting for consumers of shared CUDA allocations failed: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "nodal: at exit, waiting for consumers of shared CUDA allocations failed\n");
   }
 }
 
@@ -223,10 +229,9 @@ std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
       std::memcpy(&handle, key.data(), sizeof handle);
       void* opened = nullptr;
       check(cudaIpcOpenMemHandle(&opened, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-      it = s.opened.emplace(key, Opened{opened, 0, 0}).first;
+      it = s.opened.emplace(key, Opened{opened, wire.device, 0}).first;
     }
     it->second.live += 1;
-    it->second.last_use = ++s.uses;
     base = static_cast<std::byte*>(it->second.base);
   }
   record.ref(me.rank).fetch_add(1, std::memory_order_acq_rel);
@@ -239,14 +244,22 @@ std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
   BlockRecord* held = &record;
   const int rank = me.rank;
   return Storage::cuda(base + wire.ipc_offset, wire.ipc_bytes, wire.device, std::move(state), [held, rank, key, own]() {
-    quiesce_before_release();
+    // The job failed: keep the handle open and the reference (the memory is leaked on purpose;
+    // the producer does not count a dead rank's references, and the driver closes at exit).
+    if (!quiesce_before_release()) return;
+    if (!own) {
+      // Close first, then drop the reference: the producer may free the memory as soon as the
+      // counts reach 0, and must not do so while the handle is open here. The lock is held
+      // across the close so that no other thread of this process finds the entry meanwhile.
+      Ipc& cache = ipc();
+      std::lock_guard lock(cache.mutex);
+      auto it = cache.opened.find(key);
+      if (it != cache.opened.end() && --it->second.live == 0) {
+        close_opened(it->second);
+        cache.opened.erase(it);
+      }
+    }
     held->ref(rank).fetch_sub(1, std::memory_order_acq_rel);
-    if (own) return;
-    Ipc& cache = ipc();
-    std::lock_guard lock(cache.mutex);
-    auto it = cache.opened.find(key);
-    if (it != cache.opened.end()) it->second.live -= 1;
-    trim_opened(cache);
   });
 }
 

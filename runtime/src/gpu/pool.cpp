@@ -17,9 +17,12 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,6 +31,10 @@
 
 namespace nodal::detail::gpu {
 namespace {
+
+// chunk_units sits in what was padding: queue cells and arena records that hold a PoolBlock keep
+// their size.
+static_assert(sizeof(PoolBlock) == 40);
 
 constexpr std::uint64_t kDefaultChunkBytes = std::uint64_t{256} << 20;
 
@@ -96,10 +103,16 @@ struct DevicePool {
   std::vector<Chunk> chunks;
 };
 
+/// A peer's chunk mapped here, and the devices of this process granted access to it so far.
+struct ImportedChunk {
+  Chunk chunk;
+  std::vector<int> access;
+};
+
 struct Pools {
   std::mutex mutex;  ///< everything below; chunk creation and import happen under it (rare)
   std::map<int, DevicePool> own;
-  std::map<std::tuple<int, int, std::uint32_t>, Chunk> imported;  ///< (owner, device, chunk)
+  std::map<std::tuple<int, int, std::uint32_t>, ImportedChunk> imported;  ///< (owner, device, chunk)
 };
 
 /// Never destroyed: storages may be released by static destructors or after them.
@@ -186,7 +199,7 @@ std::shared_ptr<Storage> pool_allocate(int device, std::size_t bytes) {
   const Chunk& chunk = pool.chunks.at(block.range.chunk);
   auto state = std::make_shared<GpuState>();
   state->kind = WireTensor::Kind::pool;
-  state->block = PoolBlock{self().rank, device, block.range.chunk, block.range.offset, bytes,
+  state->block = PoolBlock{self().rank, device, block.range.chunk, 0, block.range.offset, bytes,
                            job_arena().offset_of(block.record)};
   void* data = reinterpret_cast<void*>(chunk.base + block.range.offset);
   return Storage::cuda(data, bytes, device, std::move(state), [device, block]() {
@@ -202,9 +215,72 @@ PoolBlock pool_block(const Storage& storage) noexcept {
   return state.kind == WireTensor::Kind::pool ? state.block : PoolBlock{};
 }
 
+std::optional<PoolBlock> find_pool_block(const void* address, std::size_t bytes) noexcept {
+  if (address == nullptr || bytes == 0) return std::nullopt;
+  try {
+    const auto begin = reinterpret_cast<std::uintptr_t>(address);
+    Pools& p = pools();
+    std::lock_guard lock(p.mutex);
+    for (const auto& [device, pool] : p.own) {
+      for (std::size_t chunk = 0; chunk < pool.chunks.size(); ++chunk) {
+        const Chunk& c = pool.chunks[chunk];
+        // Inside [base, base + c.bytes), written so that nothing overflows.
+        if (begin < c.base || begin - c.base > c.bytes || bytes > c.bytes - (begin - c.base)) continue;
+        if (c.bytes % kPoolChunkUnit != 0 || c.bytes / kPoolChunkUnit > std::numeric_limits<std::uint32_t>::max()) {
+          return std::nullopt;  // not describable without a record (never with 2 MiB granularity)
+        }
+        PoolBlock block;
+        block.owner = self().rank;  // set up by the first pool_allocate, which made this chunk
+        block.device = device;
+        block.chunk = static_cast<std::uint32_t>(chunk);
+        block.chunk_units = static_cast<std::uint32_t>(c.bytes / kPoolChunkUnit);
+        block.offset = begin - c.base;
+        block.bytes = bytes;
+        block.record = 0;
+        return block;
+      }
+    }
+  } catch (...) {
+    // a lock failure or self() throwing: not found (the caller takes its general path)
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+/// Gives `device` of this process read-write access to the imported chunk `chunk` of `owner_device`
+/// (once per device: recorded in `chunk.access`). Throws CudaError when `device` cannot access
+/// `owner_device`'s memory (no peer access between the two GPUs).
+void grant_access(ImportedChunk& chunk, int owner_device, int device) {
+  for (int granted : chunk.access) {
+    if (granted == device) return;
+  }
+  if (device != owner_device) {
+    int can = 0;
+    check(cudaDeviceCanAccessPeer(&can, device, owner_device), "cudaDeviceCanAccessPeer");
+    if (can == 0) {
+      throw CudaError(fmt::format("a GPU pool block on cuda:{} used by a thread whose current device is cuda:{}: "
+                                  "these GPUs cannot access each other's memory (no peer access); copy the tensor "
+                                  "on cuda:{} first, or use it with cuda:{} current",
+                                  owner_device, device, owner_device, owner_device));
+    }
+  }
+  CUdevice handle = 0;
+  check(driver().device_get(&handle, device), "cuDeviceGet");
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = handle;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check(driver().mem_set_access(chunk.chunk.base, chunk.chunk.bytes, &access, 1), "cuMemSetAccess (a peer device)");
+  chunk.access.push_back(device);
+}
+
+}  // namespace
+
 void* map_pool_block(const PoolBlock& block) {
   require_available("a GPU pool block");
-  BlockRecord& record = record_of(block.record);
+  // record 0: a range from find_pool_block (no reference counts; its size travels in the block).
+  BlockRecord* record = block.record != 0 ? &record_of(block.record) : nullptr;
   Pools& p = pools();
   std::lock_guard lock(p.mutex);
   if (block.owner == self().rank) {
@@ -216,13 +292,20 @@ void* map_pool_block(const PoolBlock& block) {
     }
     return reinterpret_cast<void*>(it->second.chunks[block.chunk].base + block.offset);
   }
+  // The device this thread's kernels run on: the one of its current context, or the owner's
+  // device when it has none (the guard below then leaves that one current).
+  const int user_device = current_device_or(block.device);
   auto key = std::make_tuple(block.owner, block.device, block.chunk);
   auto it = p.imported.find(key);
   if (it == p.imported.end()) {
     const Driver& d = driver();
     DeviceGuard guard(block.device);
     CUmemAllocationProp prop = allocation_properties(block.device);
-    const std::uint64_t bytes = record.chunk_bytes;
+    const std::uint64_t bytes = record != nullptr ? record->chunk_bytes : std::uint64_t{block.chunk_units} * kPoolChunkUnit;
+    if (bytes == 0) {
+      throw CudaError(fmt::format("GPU pool block of rank {} on cuda:{} chunk {}: no chunk size (no record, no chunk_units)",
+                                  block.owner, block.device, block.chunk));
+    }
     int fd = fetch_fd(block.owner, chunk_key(block.device, block.chunk));
     CUmemGenericAllocationHandle handle = 0;
     // The POSIX fd handle type takes the descriptor itself as the "pointer" argument.
@@ -232,15 +315,22 @@ void* map_pool_block(const PoolBlock& block) {
     check(result, "cuMemImportFromShareableHandle");
     CUdeviceptr base = 0;
     try {
-      base = map_handle(handle, bytes, 0, prop);
+      // The chunk's own granularity as the alignment (the owner's chunks are multiples of it).
+      std::size_t granularity = 0;
+      check(d.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+            "cuMemGetAllocationGranularity");
+      base = map_handle(handle, bytes, granularity, prop);
     } catch (...) {
       (void)d.mem_release(handle);
       throw;
     }
     (void)d.mem_release(handle);  // the mapping keeps the memory
-    it = p.imported.emplace(key, Chunk{base, bytes}).first;
+    it = p.imported.emplace(key, ImportedChunk{Chunk{base, bytes}, {block.device}}).first;
   }
-  return reinterpret_cast<void*>(it->second.base + block.offset);
+  // A thread on another GPU of this process reads the chunk too (gpu.hpp: access for every
+  // device of this process that uses it); the mapping stays, whether or not this succeeds.
+  grant_access(it->second, block.device, user_device);
+  return reinterpret_cast<void*>(it->second.chunk.base + block.offset);
 }
 
 std::shared_ptr<Storage> pool_import(const WireTensor& wire) {
@@ -256,7 +346,8 @@ std::shared_ptr<Storage> pool_import(const WireTensor& wire) {
   state->block = block;
   BlockRecord* held = &record;
   return Storage::cuda(data, block.bytes, wire.device, std::move(state), [held, rank]() {
-    quiesce_before_release();
+    // The job failed: keep the reference (leaked on purpose; a dead rank's do not count).
+    if (!quiesce_before_release()) return;
     held->ref(rank).fetch_sub(1, std::memory_order_acq_rel);
   });
 }
