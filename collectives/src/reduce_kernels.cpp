@@ -3,6 +3,7 @@
 #include "reduce_kernels.hpp"
 
 #include "copy.hpp"
+#include "element_convert.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,21 +17,6 @@ namespace {
 constexpr std::size_t kTile = 1024;
 
 // ---- Storage <-> accumulation conversions. ----
-
-inline float bf16_to_f32(std::uint16_t bits) {
-  std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof value);
-  return value;
-}
-
-inline std::uint16_t f32_to_bf16(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<std::uint16_t>(bits >> 16);
-}
 
 inline float f16_to_f32(std::uint16_t bits) {
   _Float16 half;
@@ -56,8 +42,8 @@ struct Plain {
 struct Bf16 {
   using Storage = std::uint16_t;
   using Acc = float;
-  static float load(std::uint16_t x) { return bf16_to_f32(x); }
-  static std::uint16_t store(float x) { return f32_to_bf16(x); }
+  static float load(std::uint16_t x) { return convert::bf16_to_f32(x); }
+  static std::uint16_t store(float x) { return convert::f32_to_bf16(x); }
 };
 struct F16 {
   using Storage = std::uint16_t;

@@ -73,23 +73,7 @@ bool send_control(int fd, const ControlMessage& message, int attached) noexcept 
   std::size_t text_size = std::min(message.text.size(), kMaxControlText);
   iovec parts[2] = {{&header, sizeof header},
                     {const_cast<char*>(message.text.data()), text_size}};
-  msghdr msg{};
-  msg.msg_iov = parts;
-  msg.msg_iovlen = 2;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (attached >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &attached, sizeof attached);
-  }
-  for (;;) {
-    if (::sendmsg(fd, &msg, MSG_NOSIGNAL) >= 0) return true;
-    if (errno != EINTR) return false;
-  }
+  return send_with_fd(fd, parts, 2, attached);
 }
 
 std::optional<ControlMessage> receive_control(int fd, bool* peer_closed) {

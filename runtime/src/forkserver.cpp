@@ -48,24 +48,8 @@ struct Reply {
 
 /// Sends one message with `fd` attached (none when -1). Returns false when the peer is gone.
 bool send_message(int socket, const void* data, std::size_t size, int fd) noexcept {
-  iovec part{const_cast<void*>(data), size};
-  msghdr msg{};
-  msg.msg_iov = &part;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* header = CMSG_FIRSTHDR(&msg);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-  }
-  for (;;) {
-    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return true;
-    if (errno != EINTR) return false;
-  }
+  const iovec part{const_cast<void*>(data), size};
+  return send_with_fd(socket, &part, 1, fd);
 }
 
 /// Receives one message into data[size] and the fd attached to it (close-on-exec; -1 when none).

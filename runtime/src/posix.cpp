@@ -4,10 +4,12 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -86,6 +88,26 @@ int parse_int(std::string_view text) noexcept {
 std::string getenv_or_empty(const char* name) {
   const char* value = std::getenv(name);
   return value ? std::string(value) : std::string();
+}
+
+bool send_with_fd(int socket, const iovec* parts, std::size_t count, int fd) noexcept {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(parts);
+  msg.msg_iovlen = count;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* header = CMSG_FIRSTHDR(&msg);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
+  }
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return true;
+    if (errno != EINTR) return false;
+  }
 }
 
 }  // namespace nodal::detail

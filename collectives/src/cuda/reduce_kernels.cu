@@ -18,6 +18,7 @@
 // No kernel reads a flag: everything a kernel reads was ordered before it by the host (stream
 // waits on interprocess events), so kernels of processes time-slicing one GPU cannot deadlock.
 #include "cuda/reduce_kernels.hpp"
+#include "element_convert.hpp"
 
 #include <nodal/errors.hpp>
 
@@ -46,13 +47,8 @@ __device__ __forceinline__ std::uint32_t float_bits(float value) { return __floa
 struct Bf16 {
   using Storage = std::uint16_t;
   using Acc = float;
-  __device__ static float load(std::uint16_t x) { return bits_to_float(static_cast<std::uint32_t>(x) << 16); }
-  __device__ static std::uint16_t store(float value) {
-    std::uint32_t bits = float_bits(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-    return static_cast<std::uint16_t>(bits >> 16);
-  }
+  __device__ static float load(std::uint16_t x) { return convert::bf16_to_f32(x); }
+  __device__ static std::uint16_t store(float value) { return convert::f32_to_bf16(value); }
 };
 
 struct F16 {

@@ -1,10 +1,14 @@
 // Small POSIX helpers shared by the runtime, nodal::spawn and nodalrun. Internal.
 #pragma once
 
+#include <cstddef>
+
 #include <sys/types.h>
 
 #include <string>
 #include <string_view>
+
+struct iovec;  // <sys/uio.h>
 
 namespace nodal::detail {
 
@@ -32,6 +36,11 @@ void die_with_parent(pid_t expected_parent) noexcept;
 
 /// Writes all of buf, retrying on EINTR and short writes. Returns false on error (EPIPE...).
 bool write_all(int fd, std::string_view buf) noexcept;
+
+/// Sends one message of parts[0..count) on a Unix socket with `fd` attached (SCM_RIGHTS; none when
+/// -1), retrying on EINTR, never raising SIGPIPE. Returns false with errno set when it fails (the
+/// peer is gone, or a non-blocking socket is full).
+bool send_with_fd(int socket, const struct iovec* parts, std::size_t count, int fd) noexcept;
 
 /// Parses a non-negative decimal int; -1 when the text is not one.
 int parse_int(std::string_view text) noexcept;
