@@ -12,6 +12,7 @@
 #include <nodal/context.hpp>
 #include <nodal/cuda.hpp>
 #include <nodal/errors.hpp>
+#include <nodal/detail/finalize.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/units.hpp>
@@ -216,9 +217,42 @@ CollCall barrier_call() { return CollCall{CollKind::barrier, nullptr, nullptr, 0
 
 // ---- The GPU path (gpu_backend.hpp). ----
 
+/// Every GPU backend this process opened, closed by nodal::finalize() (detail/finalize.hpp) while
+/// CUDA still runs. Never destroyed: finalize may run from an atexit handler.
+struct OpenBackends {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<detail::GpuBackend>> backends;
+};
+OpenBackends& open_backends() {
+  static auto* open = [] {
+    auto* o = new OpenBackends;
+    detail::at_finalize([o] {
+      std::vector<std::shared_ptr<detail::GpuBackend>> live;
+      {
+        std::lock_guard lock(o->mutex);
+        for (auto& weak : o->backends)
+          if (auto backend = weak.lock()) live.push_back(std::move(backend));
+        o->backends.clear();
+      }
+      for (auto& backend : live) backend->close();
+    });
+    return o;
+  }();
+  return *open;
+}
+
 /// The communicator's GPU backend for `device`, made at its first GPU call: every rank's GPU
 /// UUID is gathered (on the shared-memory path) and the same path is chosen on every rank.
+void refuse_after_finalize(const detail::CommState& c) {
+  if (detail::finalized()) {
+    throw UsageError(fmt::format("communicator '{}': a call on cuda tensors after nodal::finalize() (it released "
+                                 "the GPU backends; call it once the last GPU collective has returned)",
+                                 c.name));
+  }
+}
+
 detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
+  refuse_after_finalize(c);
   if (c.gpu) {
     if (c.gpu_device != device) {
       throw UsageError(fmt::format("communicator '{}' runs its GPU calls on cuda:{}; a tensor on cuda:{} cannot join "
@@ -236,6 +270,12 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   c.gpu = path == detail::GpuPath::nccl ? detail::make_nccl_backend(c, device)
                                         : detail::make_cuda_ipc_backend(c, device);
   c.gpu_device = device;
+  {
+    OpenBackends& open = open_backends();
+    std::lock_guard lock(open.mutex);
+    open.backends.push_back(c.gpu);
+  }
+  detail::finalize_at_exit();  // after the backend's CUDA and NCCL set-up: runs before their teardown
   return *c.gpu;
 }
 
@@ -243,6 +283,7 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
 /// the GPU backend.
 void run(detail::CommState& c, CollCall call, Device device) {
   if (device.kind == Device::Kind::cpu) return detail::run_collective(c, call);
+  refuse_after_finalize(c);  // before the agreement: peers would wait for this rank's GPU part
   call.on_gpu = true;
   detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
   detail::GpuBackend& gpu = gpu_backend(c, device.index);

@@ -28,6 +28,10 @@ class GpuBackend {
   virtual ~GpuBackend() = default;
   /// "nccl" or "cuda_ipc" (Communicator::last_algorithm() reports it).
   virtual const char* name() const noexcept = 0;
+  /// Releases the backend's GPU resources now, while CUDA runs (nodal::finalize(): before main
+  /// returns or from nodal's atexit handler). The backend takes no calls afterwards (the
+  /// Communicator refuses them first). The destructor closes a backend not yet closed.
+  virtual void close() noexcept = 0;
 
   virtual void allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op,
                          cuda::Stream stream) = 0;

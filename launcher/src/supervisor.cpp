@@ -185,7 +185,8 @@ std::vector<std::string> Supervisor::base_environment() const {
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
     std::string name(entry.substr(0, entry.find('=')));
-    if (!ours.count(name) && !(gpus_ && name == kEnvCudaVisibleDevices)) env.emplace_back(entry);
+    const bool gpus_set = name == kEnvCudaVisibleDevices || name == kEnvCudaDeviceOrder;
+    if (!ours.count(name) && !(gpus_ && gpus_set)) env.emplace_back(entry);
   }
   for (const std::string& item : options_.exports) {
     if (item.find('=') != std::string::npos) {
@@ -204,7 +205,10 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvLauncherPid, std::to_string(::getpid()));
   set(kEnvArenaFd, std::to_string(arena_->fd()));
   if (shm_guard_) set(kEnvArenaPath, fmt::format("{}/{}", options_.shm_dir, job_id_));
-  if (gpus_) set(kEnvCudaVisibleDevices, gpus_->visible_devices);
+  if (gpus_) {
+    set(kEnvCudaVisibleDevices, gpus_->visible_devices);
+    set(kEnvCudaDeviceOrder, "PCI_BUS_ID");  // the numbering of /proc/driver/nvidia/gpus
+  }
   return env;
 }
 

@@ -27,6 +27,7 @@ void require_available(const char* what) { throw CudaError(fmt::format("{}: {}",
 DeviceGuard::DeviceGuard(int) { require_available("making a GPU current"); }
 DeviceGuard::~DeviceGuard() = default;
 bool cuda_initialized() noexcept { return false; }
+void require_shareable_device(int, int) { require_available("sharing a GPU between processes"); }
 
 std::shared_ptr<Storage> pool_allocate(int, std::size_t) {
   require_available("a cuda tensor");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../support/child_process.hpp"
+#include "../support/gpu.hpp"
 #include "../support/paths.hpp"
 
 namespace nodal::testing {
@@ -23,11 +24,8 @@ const std::string kIpcProgram = NODAL_TEST_IPC_PROGRAM;
 const std::string kIpcProgram;
 #endif
 
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    if (!nodal::cuda::available()) GTEST_SKIP() << nodal::cuda::unavailable_reason();       \
-    if (kIpcProgram.empty()) GTEST_SKIP() << "ipc_program was not built (no CUDA at build)"; \
-  } while (0)
+#define SKIP_WITHOUT_GPU() \
+  NODAL_REQUIRE_GPUS(1, kIpcProgram.empty() ? "ipc_program was not built (no CUDA at build)" : "")
 
 ChildResult run_ipc(int n, const std::vector<std::string>& args, int timeout_s) {
   std::vector<std::string> argv = {"-n",          std::to_string(n), "--gpus", "0", "--ranks-per-gpu", std::to_string(n),

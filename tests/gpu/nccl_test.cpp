@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../support/child_process.hpp"
+#include "../support/gpu.hpp"
 #include "../support/paths.hpp"
 
 namespace nodal::testing {
@@ -23,15 +24,8 @@ const std::string kNcclProgram = NODAL_TEST_NCCL_PROGRAM;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-#define NODAL_REQUIRE_NCCL_GPUS(n)                                                                             \
-  do {                                                                                                         \
-    if (!nodal::cuda::available()) GTEST_SKIP() << nodal::cuda::unavailable_reason();                         \
-    if (!nodal::cuda::built_with_nccl()) GTEST_SKIP() << "nodal was built without NCCL";                      \
-    if (nodal::cuda::device_count() < (n)) {                                                                  \
-      GTEST_SKIP() << "needs " << (n) << " GPUs (NCCL wants one per rank), this machine shows "               \
-                   << nodal::cuda::device_count();                                                            \
-    }                                                                                                          \
-  } while (0)
+#define NODAL_REQUIRE_NCCL_GPUS(n) \
+  NODAL_REQUIRE_GPUS(n, nodal::cuda::built_with_nccl() ? "" : "nodal was built without NCCL")
 
 std::string describe(const ChildResult& r) { return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err; }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/child_process.hpp"
+#include "../support/gpu.hpp"
 #include "../support/paths.hpp"
 
 namespace nodal::testing {
@@ -21,9 +22,6 @@ using namespace std::chrono_literals;
 const std::string kGpuProgram = NODAL_TEST_GPU_PROGRAM;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-#define REQUIRE_GPU()                                                                              \
-  if (!nodal::cuda::available()) GTEST_SKIP() << "no usable GPU: " << nodal::cuda::unavailable_reason()
 
 /// nodalrun ARGS... (ARGS name kGpuProgram and its mode).
 ChildResult run_gpu(std::vector<std::string> args, std::chrono::milliseconds timeout = 180s) {
@@ -39,36 +37,36 @@ void expect_all_verified(const ChildResult& r, int ranks, int count) {
 }
 
 TEST(GpuQueue, PoolTensorsArriveBitExactBetweenTwoRanks) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   expect_all_verified(run_gpu({"-n", "2", kGpuProgram, "handoff", "100", "4099", "pool"}), 2, 100);
 }
 
 TEST(GpuQueue, PoolTensorsArriveBitExactAtSevenConsumers) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   expect_all_verified(run_gpu({"-n", "8", kGpuProgram, "handoff", "20", "65536", "pool"}), 8, 20);
 }
 
 TEST(GpuQueue, LargePoolTensorsOutgrowTheChunkSize) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   // 300 MiB > the default 256 MiB chunk: a chunk of its own.
   expect_all_verified(run_gpu({"-n", "2", kGpuProgram, "handoff", "2", "314572800", "pool"}), 2, 2);
 }
 
 TEST(GpuQueue, CudaMallocTensorsArriveBitExactThroughIpcHandles) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   expect_all_verified(run_gpu({"-n", "2", kGpuProgram, "handoff", "50", "1024", "external"}), 2, 50);
   expect_all_verified(run_gpu({"-n", "4", kGpuProgram, "handoff", "10", "1048577", "external"}), 4, 10);
 }
 
 TEST(GpuQueue, ConsumerReadsPoolTensorsAfterTheProducerExited) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   ChildResult r = run_gpu({"-n", "2", kGpuProgram, "producer_exits", "1048576"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, "[1] after the producer exited: verified 4 of 4")) << r.out;
 }
 
 TEST(GpuQueue, ADeadConsumersReferenceIsReleased) {
-  REQUIRE_GPU();
+  NODAL_REQUIRE_GPUS(1);
   ChildResult r = run_gpu({"-n", "2", kGpuProgram, "consumer_dies", "1048576"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, "[0] block reused after the consumer died")) << r.out;

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -24,24 +24,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-/// "equal", or where two weight files first differ.
-std::string first_difference(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " and " + std::to_string(b.size());
-  for (std::size_t i = 0; i + sizeof(float) <= a.size(); i += sizeof(float)) {
-    if (std::memcmp(a.data() + i, b.data() + i, sizeof(float)) == 0) continue;
-    float x = 0, y = 0;
-    std::memcpy(&x, a.data() + i, sizeof x);
-    std::memcpy(&y, b.data() + i, sizeof y);
-    return "weight " + std::to_string(i / sizeof(float)) + ": " + std::to_string(x) + " vs " + std::to_string(y);
-  }
-  return "equal";
-}
 
 class FashionMnist : public ::testing::Test {
  protected:
@@ -141,6 +123,22 @@ TEST_F(FashionMnistData, NodalrunReportsTheRankAndTheFile) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(contains(r.err, "failed first")) << r.err;
   EXPECT_TRUE(contains(r.err, dir_ / "train-images-idx3-ubyte.gz" + ": cannot open it")) << r.err;
+}
+
+// The synthetic data set the GPU test trains on (tests/gpu/fashion_mnist_gpu_test.cpp) is valid
+// IDX that the job learns from: checked here, on every machine.
+TEST(FashionMnistSynthetic, TwoTrainersLearnTheGeneratedData) {
+  TempDir dir("nodal-fashion-mnist-synthetic");
+  write_synthetic_fashion_mnist(dir.path());
+  ChildResult r = run(nodalrun_command({"-n", "2", kFashionMnist, "--data-dir", dir.path(), "--train-subset", "2048",
+                                        "--epochs", "1", "--test-subset", "1000"}),
+                      240s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "the same on every trainer")) << r.out;
+  const std::regex accuracy(R"(test accuracy ([0-9.]+) after)");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(r.out, match, accuracy)) << r.out;
+  EXPECT_GT(std::stod(match[1]), 0.5) << "ten classes guessed give 0.1:\n" << r.out;
 }
 
 TEST(FashionMnistOptions, CudaWithoutAGpuSaysWhy) {

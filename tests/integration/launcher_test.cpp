@@ -187,12 +187,13 @@ TEST(Gpus, EveryRankSeesTheListAndGetsItsOwnDevice) {
   for (const std::string method : {"spawn", "forkserver"}) {
     ChildResult r = run(nodalrun_command({"--gpus", "0,1", "-n", "4", "--ranks-per-gpu", "2", "--start-method", method,
                                           kRankProgram, "gpu"}),
-                        60s, {"CUDA_VISIBLE_DEVICES=7", "NODAL_DEVICE=5"});  // nodalrun's own: replaced
+                        60s, {"CUDA_VISIBLE_DEVICES=7", "NODAL_DEVICE=5", "CUDA_DEVICE_ORDER=FASTEST_FIRST"});  // replaced
     ASSERT_EQ(r.exit_code, 0) << method << ": " << r.err;
     auto env = env_by_rank(r.out);
     ASSERT_EQ(env.size(), 4u) << r.out;
     for (int rank = 0; rank < 4; ++rank) {
       EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1") << method;
+      EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID") << method;  // /proc's numbering
       EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank / 2)) << method;
       EXPECT_EQ(env[rank]["NODAL_FORKSERVER_DEVICES"], "<unset>") << method;
       EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank / 2)) << method;
@@ -207,17 +208,20 @@ TEST(Gpus, AllMeansNodalrunsCudaVisibleDevices) {
   auto env = env_by_rank(r.out);
   for (int rank : {0, 1}) {
     EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1");
+    EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
     EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank));
     EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank));
   }
 }
 
 TEST(Gpus, WithoutGpusRanksKeepNodalrunsEnvironmentAndTheCpu) {
-  ChildResult r = run(nodalrun_command({"-n", "2", kRankProgram, "gpu"}), 60s, {"CUDA_VISIBLE_DEVICES=3"});
+  ChildResult r = run(nodalrun_command({"-n", "2", kRankProgram, "gpu"}), 60s,
+                      {"CUDA_VISIBLE_DEVICES=3", "CUDA_DEVICE_ORDER=FASTEST_FIRST"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto env = env_by_rank(r.out);
   for (int rank : {0, 1}) {
     EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "3");
+    EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "FASTEST_FIRST");
     EXPECT_EQ(env[rank]["NODAL_DEVICE"], "<unset>");
     EXPECT_EQ(env[rank]["device"], "cpu");
   }

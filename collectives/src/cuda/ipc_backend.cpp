@@ -227,6 +227,7 @@ class CudaIpcBackend final : public GpuBackend {
                                    kMaxRanks, comm.name, n_));
     }
     gpu::require_available("CUDA IPC collectives");
+    gpu::require_shareable_device(device_, n_);
     const gpu::DeviceGuard guard(device_);  // the caller's context comes back, if it had one
     check_peer_access();
     const std::size_t total = kHeaderBytes + static_cast<std::size_t>(n_) * sizeof(RankRecord);
@@ -275,22 +276,26 @@ class CudaIpcBackend final : public GpuBackend {
 
   /// Frees this rank's events, stream and scratch only once no peer can use them any more
   /// ("Closing" in the header comment); leaks them on purpose otherwise.
-  ~CudaIpcBackend() override {
-    bool closed = false;
+  ~CudaIpcBackend() override { close(); }
+
+  const char* name() const noexcept override { return "cuda_ipc"; }
+
+  void close() noexcept override {
+    if (closed_) return;
+    closed_ = true;
+    bool released = false;
     if (!dead_) {  // dead: stream_ may wait for good; touch nothing
       try {
         const gpu::DeviceGuard guard(device_);  // the caller's context comes back, if it had one
-        closed = close_down();
+        released = close_down();
       } catch (...) {
-        closed = false;
+        released = false;
       }
     }
-    // Not closed: the events (ours and the imported ones), the stream and the scratch stay
+    // Not released: the events (ours and the imported ones), the stream and the scratch stay
     // allocated until the process ends, on purpose: a peer may still use them.
-    if (!closed) keep_forever(std::move(scratch_storage_));
+    if (!released) keep_forever(std::move(scratch_storage_));
   }
-
-  const char* name() const noexcept override { return "cuda_ipc"; }
 
   void allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op,
                  cuda::Stream user) override {
@@ -759,6 +764,7 @@ class CudaIpcBackend final : public GpuBackend {
   cudaEvent_t entered_ = nullptr;  ///< recorded on the caller's stream at the start of a call
   cudaStream_t stream_ = nullptr;  ///< the internal stream (non-blocking): every call's work
   bool dead_ = false;              ///< a call met PeerFailure: stream_ may wait for good
+  bool closed_ = false;            ///< close() ran (nodal::finalize or the destructor)
   std::vector<std::array<cudaEvent_t, kEventsPerRank>> peer_events_;
   std::vector<std::pair<std::uint64_t, std::byte*>> peer_scratch_;  ///< per peer: (generation, address)
   std::shared_ptr<Storage> scratch_storage_;

@@ -41,6 +41,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -120,19 +121,21 @@ class NcclBackend final : public GpuBackend {
     }
   }
 
-  ~NcclBackend() override {
+  ~NcclBackend() override { close(); }
+
+  const char* name() const noexcept override { return "nccl"; }
+
+  void close() noexcept override {
     try {
       DeviceGuard guard(device_);
       if (nccl_ != nullptr) shut_down();
-      if (done_ != nullptr) (void)cudaEventDestroy(done_);
-      if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
-      if (scratch_ != nullptr) (void)cudaFree(scratch_);
+      if (done_ != nullptr) (void)cudaEventDestroy(std::exchange(done_, nullptr));
+      if (barrier_word_ != nullptr) (void)cudaFree(std::exchange(barrier_word_, nullptr));
+      if (scratch_ != nullptr) (void)cudaFree(std::exchange(scratch_, nullptr));
     } catch (...) {
-      // Destruction never throws; at process exit the CUDA runtime may already be gone.
+      // Never throws; after main returns without nodal::finalize() CUDA may already be unloading.
     }
   }
-
-  const char* name() const noexcept override { return "nccl"; }
 
   void allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op,
                  cuda::Stream stream) override {

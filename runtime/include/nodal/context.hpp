@@ -61,4 +61,15 @@ class Context {
 /// threads (fork would copy only the calling thread).
 Context init();
 
+/// Releases what nodal holds on the GPU while CUDA still runs: NCCL communicators
+/// (ncclCommFinalize + ncclCommDestroy) and the CUDA IPC collectives' events, streams and
+/// scratch. Call it before main returns in programs that ran collectives on cuda tensors (like
+/// torch's destroy_process_group()); programs that forget get it from an atexit handler that
+/// nodal registers after CUDA started (so it runs before CUDA's own teardown, unlike static
+/// destructors). Afterwards a collective on cuda tensors throws UsageError; everything on the CPU
+/// (the arena, tensors, queues, CPU collectives) keeps working. Safe to call more than once and
+/// in a program that never used a GPU (then it does nothing). Does not throw: a release that
+/// fails is reported on stderr.
+void finalize();
+
 }  // namespace nodal

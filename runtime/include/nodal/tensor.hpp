@@ -71,7 +71,13 @@ class Tensor {
   /// shares it with the CUDA IPC API (the allocation's base handle + offset) and runs `release`
   /// once no process of the job holds it any more: the producer keeps it alive while consumers
   /// use it (torch.multiprocessing's rule). `data`: a device address on `device`, holding the
-  /// contiguous [shape] dtype tensor. Throws UsageError, CudaError.
+  /// contiguous [shape] dtype tensor. Sharing uses CUDA's legacy IPC, which shares the whole
+  /// underlying block of an allocation: meant for cudaMalloc allocations of at least 2 MiB (a
+  /// multiple of 2 MiB; "recommended to only share allocations with a 2MiB aligned size", CUDA
+  /// C++ Programming Guide, Interprocess Communication). A consumer checks that the range it
+  /// opened is the producer's allocation and throws CudaError, naming this rule, where CUDA
+  /// handed it a larger block (small allocations packed together). Tensor::empty on a cuda
+  /// device has no such limit. Throws UsageError, CudaError.
   static Tensor from_cuda(void* data, std::vector<std::int64_t> shape, DType dtype, int device,
                           std::function<void()> release = {});
   /// This tensor on `device`: itself when it is there already (unless `copy`), else a contiguous

@@ -52,7 +52,8 @@ struct alignas(64) BlockRecord {
   std::int32_t device = 0;
   std::uint32_t chunk = 0;       ///< pool: the owner's chunk number
   std::uint32_t reserved = 0;
-  std::uint64_t chunk_bytes = 0; ///< pool: the chunk's size (what an importer maps)
+  std::uint64_t chunk_bytes = 0; ///< pool: the chunk's size (what an importer maps); IPC: the
+                                 ///< allocation's size, which an importer checks (ipc.cpp)
   std::uint64_t offset = 0;      ///< pool: from the chunk's start; IPC: from the allocation's base
   std::uint64_t bytes = 0;
   std::uint64_t owner_address = 0;  ///< IPC: the allocation's base in the owner's address space

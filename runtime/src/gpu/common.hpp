@@ -56,13 +56,14 @@ void record_event(int device, cuda::Stream stream, WireTensor& wire);
 void wait_event(const WireTensor& wire, cuda::Stream stream);
 /// Frees the wire's event slot without waiting (a wire that is dropped).
 void release_event(const WireTensor& wire) noexcept;
-/// Before a consumer drops its reference: waits for the work queued on this thread's current
-/// stream (which may read or write the block), so the owner never reuses memory still in use.
+/// Before a consumer drops its reference to memory on `device`: waits for the work queued on this
+/// thread's current stream there (which may read or write the block), so the owner never reuses
+/// memory still in use.
 /// Returns false, without waiting further, once the job has failed (the abort word is set): the
 /// caller then keeps its reference and the memory (leaked on purpose rather than hanging on a
 /// stream that waits for a dead rank). CUDA errors are ignored (called from Storage releases,
 /// during stack unwinding, possibly during exit).
-bool quiesce_before_release() noexcept;
+bool quiesce_before_release(int device) noexcept;
 /// Whether the job has failed (the arena's abort word is set; false without an arena).
 bool job_failed() noexcept;
 

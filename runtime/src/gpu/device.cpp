@@ -6,6 +6,7 @@
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/detail/environment.hpp>
+#include <nodal/detail/finalize.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 
@@ -54,6 +55,8 @@ const Availability& availability() {
       a.reason = fmt::format("CUDA cannot start ({}: {})", cudaGetErrorName(result), cudaGetErrorString(result));
     }
     (void)cudaGetLastError();  // leave no error behind for the program's own checks
+    // nodal::finalize at exit, registered after the CUDA runtime started (detail/finalize.hpp).
+    if (a.count > 0) detail::finalize_at_exit();
     return a;
   }();
   return answer;
@@ -133,25 +136,32 @@ const Self& self() {
 
 BlockRecord& record_of(std::uint64_t offset) { return record_at(job_arena(), offset); }
 
-bool quiesce_before_release() noexcept {
+bool quiesce_before_release(int device) noexcept {
   // Polled rather than cudaStreamSynchronize: a stream that waits on an event of a rank that died
   // may never finish, and this runs in releases, during stack unwinding and at exit. Once the
   // job has failed the memory is leaked on purpose (the caller keeps its reference: a dead
   // rank's references do not count, so the owner reuses the block once this rank is gone).
   if (job_failed()) return false;
-  const cudaStream_t stream = cuda::current_stream();
-  for (int polls = 0;; ++polls) {
-    const cudaError_t result = cudaStreamQuery(stream);
-    if (result != cudaErrorNotReady) {
-      if (result != cudaSuccess) (void)cudaGetLastError();  // errors are ignored (gpu.hpp)
-      return true;
+  try {
+    // Under the storage's device: the legacy default stream is per device, and on a thread with
+    // no current context the query would otherwise create a primary context on device 0.
+    const DeviceGuard guard(device);
+    const cudaStream_t stream = cuda::current_stream();
+    for (int polls = 0;; ++polls) {
+      const cudaError_t result = cudaStreamQuery(stream);
+      if (result != cudaErrorNotReady) {
+        if (result != cudaSuccess) (void)cudaGetLastError();  // errors are ignored (gpu.hpp)
+        return true;
+      }
+      if (job_failed()) return false;
+      if (polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
-    if (job_failed()) return false;
-    if (polls < 1000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+  } catch (...) {
+    return true;  // CUDA errors are ignored (common.hpp), the guard's included
   }
 }
 

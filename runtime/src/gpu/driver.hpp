@@ -7,17 +7,21 @@
 
 #include <nodal/detail/gpu.hpp>
 
+#include "compatibility.hpp"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 namespace nodal::detail::gpu {
 
-/// The driver entry points, resolved once per process (the ABI of the cuda.h this was built
-/// with, CUDA_VERSION). Throws CudaError when CUDA is unavailable or a symbol is missing.
+/// The driver entry points, resolved once per process at entry_point_version(CUDA_VERSION, the
+/// driver's version) (compatibility.hpp): the cuda.h ABI these types declare, also on a driver
+/// older than the toolkit. Throws CudaError when CUDA is unavailable or a symbol is missing.
 struct Driver {
   decltype(&::cuGetErrorName) get_error_name;
   decltype(&::cuGetErrorString) get_error_string;
   decltype(&::cuDeviceGet) device_get;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute;
   decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity;
   decltype(&::cuMemCreate) mem_create;
   decltype(&::cuMemRelease) mem_release;
@@ -37,6 +41,12 @@ const Driver& driver();
 /// Throws CudaError("<call>: <error name> (<error string>)") unless `result` is success.
 void check(cudaError_t result, const char* call);
 void check(CUresult result, const char* call);
+
+/// What the driver says of `device` (compatibility.hpp). Needs no context. Throws CudaError.
+DeviceCapabilities device_capabilities(int device);
+/// Throws CudaError(missing_capability(...)) unless `device` allows `use` by `processes`
+/// processes; checked once per (device, use, processes) per process.
+void require_capabilities(int device, GpuUse use, int processes = 1);
 
 /// Records that this process called into the CUDA runtime or driver (device.cpp; gpu.hpp
 /// cuda_initialized): set before the first such call, never cleared. Thread-safe.

@@ -182,6 +182,7 @@ std::shared_ptr<Storage> external_storage(void* data, std::size_t bytes, int dev
   record->device = device;
   record->offset = offset;
   record->bytes = bytes;
+  record->chunk_bytes = size;
   record->owner_address = base;
   record->ref(me.rank).store(1, std::memory_order_release);
 
@@ -210,6 +211,24 @@ std::shared_ptr<Storage> external_storage(void* data, std::size_t bytes, int dev
   });
 }
 
+/// Refuses (closing the handle) an opened range that may not be the producer's allocation
+/// (compatibility.hpp opened_range_problem) rather than read the wrong bytes.
+void check_opened_range(void* opened, const BlockRecord& record) {
+  OpenedRange range;
+  range.opened = reinterpret_cast<CUdeviceptr>(opened);
+  std::size_t size = 0;
+  CUdeviceptr base = 0;
+  const CUresult result = driver().mem_get_address_range(&base, &size, range.opened);
+  range.range_base = base;
+  range.range_size = size;
+  const std::string problem =
+      result == CUDA_SUCCESS ? opened_range_problem(range, record.chunk_bytes, record.offset + record.bytes) : "";
+  if (result == CUDA_SUCCESS && problem.empty()) return;
+  (void)cudaIpcCloseMemHandle(opened);
+  check(result, "cuMemGetAddressRange (of an opened IPC handle)");
+  throw CudaError(fmt::format("a cuda tensor from rank {} (Tensor::from_cuda): {}", record.owner, problem));
+}
+
 std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
   BlockRecord& record = record_of(wire.ipc_record);
   const Self& me = self();
@@ -229,6 +248,7 @@ std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
       std::memcpy(&handle, key.data(), sizeof handle);
       void* opened = nullptr;
       check(cudaIpcOpenMemHandle(&opened, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+      check_opened_range(opened, record);
       it = s.opened.emplace(key, Opened{opened, wire.device, 0}).first;
     }
     it->second.live += 1;
@@ -243,10 +263,11 @@ std::shared_ptr<Storage> ipc_import(const WireTensor& wire) {
   state->ipc_record = wire.ipc_record;
   BlockRecord* held = &record;
   const int rank = me.rank;
-  return Storage::cuda(base + wire.ipc_offset, wire.ipc_bytes, wire.device, std::move(state), [held, rank, key, own]() {
+  const int device = wire.device;
+  return Storage::cuda(base + wire.ipc_offset, wire.ipc_bytes, device, std::move(state), [held, rank, key, own, device]() {
     // The job failed: keep the handle open and the reference (the memory is leaked on purpose;
     // the producer does not count a dead rank's references, and the driver closes at exit).
-    if (!quiesce_before_release()) return;
+    if (!quiesce_before_release(device)) return;
     if (!own) {
       // Close first, then drop the reference: the producer may free the memory as soon as the
       // counts reach 0, and must not do so while the handle is open here. The lock is held

@@ -165,6 +165,7 @@ DevicePool& own_pool(Pools& p, int device) {
   DevicePool& pool = p.own[device];
   try {
     const Driver& d = driver();
+    require_capabilities(device, GpuUse::pool_export);  // a plain error, not a bare cuMemCreate failure
     DeviceGuard guard(device);
     CUmemAllocationProp prop = allocation_properties(device);
     std::size_t granularity = 0;
@@ -345,9 +346,10 @@ std::shared_ptr<Storage> pool_import(const WireTensor& wire) {
   state->kind = WireTensor::Kind::pool;
   state->block = block;
   BlockRecord* held = &record;
-  return Storage::cuda(data, block.bytes, wire.device, std::move(state), [held, rank]() {
+  const int device = wire.device;
+  return Storage::cuda(data, block.bytes, device, std::move(state), [held, rank, device]() {
     // The job failed: keep the reference (leaked on purpose; a dead rank's do not count).
-    if (!quiesce_before_release()) return;
+    if (!quiesce_before_release(device)) return;
     held->ref(rank).fetch_sub(1, std::memory_order_acq_rel);
   });
 }

@@ -27,6 +27,10 @@ inline constexpr const char* kEnvForkserverFds = "NODAL_FORKSERVER_FDS";
 inline constexpr const char* kEnvForkserverCpus = "NODAL_FORKSERVER_CPUS";
 /// The GPUs a process may use (CUDA's own variable); `nodalrun --gpus` sets it for every rank.
 inline constexpr const char* kEnvCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
+/// How CUDA numbers GPUs; `nodalrun --gpus` sets PCI_BUS_ID, the order of the driver's
+/// /proc/driver/nvidia/gpus that it checks indices against (CUDA's default, FASTEST_FIRST, can
+/// differ on machines with mixed GPUs: CUDA Programming Guide, "CUDA Environment Variables").
+inline constexpr const char* kEnvCudaDeviceOrder = "CUDA_DEVICE_ORDER";
 /// The rank's CUDA device (`nodalrun --gpus`): an index into its CUDA_VISIBLE_DEVICES.
 inline constexpr const char* kEnvDevice = "NODAL_DEVICE";
 /// For the zygote: "d;d;..." each rank's NODAL_DEVICE; unset without --gpus.

@@ -47,6 +47,11 @@ class DeviceGuard {
   CUctx_st* previous_ = nullptr;  ///< restored by the destructor when not null
 };
 
+/// Throws CudaError naming what `device` lacks before `processes` processes of the job share it
+/// through CUDA IPC (the DEFAULT compute mode, interprocess events; runtime/src/gpu/compatibility.hpp
+/// has the rules and the messages). Checked once per (device, processes) per process.
+void require_shareable_device(int device, int processes);
+
 /// Whether this process has called into CUDA (the runtime or the driver) through nodal: set by
 /// the availability probe (cuda::available(), device_count(), any cuda tensor, copy, queue
 /// hand-off) before its first CUDA call, whatever the answer, and never cleared; inherited by a
