@@ -11,4 +11,6 @@ if(NODAL_WITH_CUDA)
   add_dependencies(ipc_collectives_test ipc_program)
   target_compile_definitions(ipc_collectives_test PRIVATE NODAL_TEST_IPC_PROGRAM="$<TARGET_FILE:ipc_program>")
 endif()
-gtest_discover_tests(ipc_collectives_test PROPERTIES LABELS gpu RUN_SERIAL TRUE TIMEOUT 900 DISCOVERY_TIMEOUT 60)
+# TIMEOUT: the short matrix's (the test's own nodalrun --timeout 240, twice for the threshold test);
+# NODAL_IPC_MATRIX=full is for scripts/gpu-check.sh tests-more, which sets its own outer timeouts.
+gtest_discover_tests(ipc_collectives_test PROPERTIES LABELS gpu RUN_SERIAL TRUE TIMEOUT 540 DISCOVERY_TIMEOUT 60)

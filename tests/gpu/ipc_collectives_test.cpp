@@ -2,9 +2,15 @@
 // size, in place and out of place, pool and cudaMalloc tensors, bitwise against the CPU path, for
 // 2, 4 and 8 ranks on GPU 0; and a rank SIGKILLed in a 64 MiB allreduce: the others get
 // PeerFailure within a second and nodalrun exits 137. Skips without a GPU (saying why).
+//
+// Two sizes of matrix, so that a hang costs minutes: by default a short one (4 dtypes that cover
+// the integer, 16-bit float and wide float kernels, 3 sizes that cover one-pass, pipelined and
+// odd-sized calls; ~220 cases, nodalrun --timeout 240); NODAL_IPC_MATRIX=full runs every dtype at
+// 5 sizes (~800 cases, --timeout 600), as scripts/gpu-check.sh's tests-more step does.
 #include <gtest/gtest.h>
 #include <nodal/cuda.hpp>
 
+#include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
@@ -27,6 +33,20 @@ const std::string kIpcProgram;
 #define SKIP_WITHOUT_GPU() \
   NODAL_REQUIRE_GPUS(1, kIpcProgram.empty() ? "ipc_program was not built (no CUDA at build)" : "")
 
+bool full_matrix() {
+  const char* value = std::getenv("NODAL_IPC_MATRIX");
+  return value != nullptr && std::string(value) == "full";
+}
+
+/// nodalrun's --timeout for one matrix run.
+int matrix_timeout_s() { return full_matrix() ? 600 : 240; }
+
+/// The matrix's selection (ipc_program matrix KEY=VALUE) in the short mode; nothing in the full one.
+std::vector<std::string> matrix_selection() {
+  if (full_matrix()) return {};
+  return {"dtypes=f32,bf16,i32,f64", "sizes=1,1003,1048581"};
+}
+
 ChildResult run_ipc(int n, const std::vector<std::string>& args, int timeout_s) {
   std::vector<std::string> argv = {"-n",          std::to_string(n), "--gpus", "0", "--ranks-per-gpu", std::to_string(n),
                                    "--timeout",   std::to_string(timeout_s)};
@@ -48,7 +68,9 @@ class IpcMatrix : public ::testing::TestWithParam<int> {};
 TEST_P(IpcMatrix, EveryOpAndDtypeMatchesTheCpuPathBitwise) {
   SKIP_WITHOUT_GPU();
   const int n = GetParam();
-  ChildResult result = run_ipc(n, {"matrix"}, 600);
+  std::vector<std::string> args = {"matrix"};
+  for (const std::string& a : matrix_selection()) args.push_back(a);
+  ChildResult result = run_ipc(n, args, matrix_timeout_s());
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   EXPECT_EQ(ok_ranks(result.out), n) << result.out << result.err;
 }
@@ -59,7 +81,7 @@ TEST_P(IpcMatrix, EveryVariantOfLargeFloatCalls) {
   // Both algorithms (one pass up to 256 KiB, reduce-scatter + all-gather above) in all four variants.
   ChildResult result = run_ipc(n, {"matrix", "colls=allreduce,reduce,reduce_scatter", "dtypes=f16,bf16,f32,f64",
                                    "sizes=65536,4194305", "variants=all", "seed=7"},
-                               600);
+                               matrix_timeout_s());
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
   EXPECT_EQ(ok_ranks(result.out), n) << result.out << result.err;
 }
@@ -68,9 +90,12 @@ TEST_P(IpcMatrix, SmallOnePassThresholdMovedBothWays) {
   SKIP_WITHOUT_GPU();
   const int n = GetParam();
   for (const char* threshold : {"0", "64MiB"}) {
+    const int timeout_s = matrix_timeout_s();
     std::vector<std::string> argv = {"-n", std::to_string(n), "--gpus", "0", "--ranks-per-gpu", std::to_string(n),
-                                     "--timeout", "600", kIpcProgram, "matrix", "dtypes=i32,bf16,f64", "sizes=1,1003,1048581"};
-    ChildResult result = run(nodalrun_command(argv), 630s, {std::string("NODAL_IPC_ONE_PASS_MAX_BYTES=") + threshold});
+                                     "--timeout", std::to_string(timeout_s), kIpcProgram, "matrix",
+                                     "dtypes=i32,bf16,f64", "sizes=1,1003,1048581"};
+    ChildResult result = run(nodalrun_command(argv), std::chrono::seconds(timeout_s + 30),
+                             {std::string("NODAL_IPC_ONE_PASS_MAX_BYTES=") + threshold});
     EXPECT_EQ(result.exit_code, 0) << threshold << "\n" << result.out << result.err;
     EXPECT_EQ(ok_ranks(result.out), n) << threshold << "\n" << result.out << result.err;
   }

@@ -8,7 +8,7 @@ endif()
 add_executable(nccl_program ${CMAKE_CURRENT_LIST_DIR}/nccl_program.cpp)
 target_link_libraries(nccl_program PRIVATE nodal::collectives nodal_warnings)
 
-nodal_add_test(nccl_gpu_test gpu TIMEOUT 900 ${CMAKE_CURRENT_LIST_DIR}/nccl_test.cpp)
+nodal_add_test(nccl_gpu_test gpu TIMEOUT 600 ${CMAKE_CURRENT_LIST_DIR}/nccl_test.cpp)
 target_compile_definitions(nccl_gpu_test PRIVATE NODAL_TEST_NCCL_PROGRAM="$<TARGET_FILE:nccl_program>")
 target_link_libraries(nccl_gpu_test PRIVATE nodal::runtime)
 add_dependencies(nccl_gpu_test nccl_program)
