@@ -190,5 +190,6 @@ int main(int argc, char** argv) {
     comm.barrier();
   }
   if (out != stdout) std::fclose(out);
+  nodal::finalize();  // GPU backends close while CUDA still runs
   return 0;
 }

@@ -244,5 +244,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 2;
   }
+  nodal::finalize();  // the GPU collectives (--device cuda) close while CUDA still runs
   return 0;
 }

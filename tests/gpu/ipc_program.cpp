@@ -396,7 +396,11 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   try {
-    if (mode == "matrix") return matrix(ctx, o);
+    if (mode == "matrix") {
+      const int rc = matrix(ctx, o);
+      nodal::finalize();  // the backend closes (waiting for its peers) while CUDA still runs
+      return rc;
+    }
     if (mode == "kill") return kill_mode(ctx, o);
   } catch (const std::exception& e) {
     fail(std::string("exception: ") + e.what());

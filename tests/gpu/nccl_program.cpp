@@ -264,6 +264,7 @@ int main(int argc, char** argv) {
     nodal::Communicator comm = ctx.world();
     if (mode == "ops") {
       run_ops(comm, device);
+      nodal::finalize();  // ncclCommFinalize + ncclCommDestroy now, not after main
       return 0;
     }
     if (mode == "fault") return run_fault(ctx, comm, device);
