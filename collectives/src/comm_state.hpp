@@ -16,6 +16,7 @@
 namespace nodal::detail {
 
 class GpuBackend;
+class ProgressThread;
 
 constexpr std::size_t kCacheLine = 64;
 
@@ -82,7 +83,7 @@ struct SharedRing {
 };
 
 /// This process's handle.
-struct CommState {
+struct CommState : std::enable_shared_from_this<CommState> {
   Arena* arena = nullptr;
   std::string name;  ///< unique in the job; children's names derive from it
   int rank = 0;
@@ -96,12 +97,15 @@ struct CommState {
   std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
   std::uint64_t seq = 0;            ///< collective calls made so far
   int splits = 0;                   ///< split() calls made so far
-  const char* last_algorithm = "";  ///< a static string
+  std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
   std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
   /// The GPU path (gpu_backend.hpp), made by the first call on cuda tensors, for `gpu_device`.
   std::shared_ptr<GpuBackend> gpu;
   int gpu_device = -1;
+  /// The progress thread of the non-blocking calls (progress.hpp), made by the first of them; from
+  /// then on every collective of this communicator runs there, in call order.
+  std::shared_ptr<ProgressThread> worker;
 
   CallHeader& header(int r, std::uint64_t call) const {
     return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * 2 + (call & 1)) * config.slot_bytes());

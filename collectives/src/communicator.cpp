@@ -6,6 +6,7 @@
 #include "comm_state.hpp"
 #include "gpu_backend.hpp"
 #include "gpu_path.hpp"
+#include "progress.hpp"
 #include "reduce_kernels.hpp"
 #include "shm/algorithms.hpp"
 
@@ -86,6 +87,17 @@ void check_peer(const detail::CommState& c, int peer, const char* what) {
 
 std::size_t numel(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
+/// Runs `body` now, or, while calls are queued on the communicator's progress thread (it made a
+/// non-blocking call), queued behind them, and waits for it: calls run in the order they were made.
+/// `body` is copied into the queue (it must not refer to the caller's frame: the wait ends early
+/// when the job fails, and the queued call then throws PeerFailure before it touches anything).
+template <class Body>
+void in_call_order(detail::CommState& c, const char* what, Body body) {
+  if (!c.worker || c.worker->on_this_thread() || c.worker->idle()) return body();
+  auto work = c.worker->submit(std::move(body), fmt::format("{} on communicator '{}'", what, c.name));
+  detail::wait_work(*work, std::nullopt);
+}
+
 std::shared_ptr<detail::CommState>& world_state() {
   static std::shared_ptr<detail::CommState> state;
   return state;
@@ -120,10 +132,15 @@ int Communicator::global_rank(int rank) const {
   if (rank < 0 || rank >= c.size) throw UsageError(fmt::format("global_rank: {} is not a rank of '{}'", rank, c.name));
   return c.global_ranks[rank];
 }
-std::string Communicator::last_algorithm() const { return state().last_algorithm; }
+std::string Communicator::last_algorithm() const { return state().last_algorithm.load(std::memory_order_relaxed); }
 
 Communicator Communicator::split(int color, int key) const {
   auto& c = state();
+  if (c.worker && !c.worker->on_this_thread() && !c.worker->idle()) {
+    auto result = std::make_shared<Communicator>();
+    in_call_order(c, "split", [self = *this, result, color, key] { *result = self.split(color, key); });
+    return *result;
+  }
   std::int32_t mine[2] = {color, key};
   std::vector<std::int32_t> all(2 * static_cast<std::size_t>(c.size));
   detail::run_collective(c, CollCall{CollKind::split, mine, all.data(), 2, DType::i32, ReduceOp::sum, -1});
@@ -279,15 +296,23 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   return *c.gpu;
 }
 
+void run_here(detail::CommState& c, CollCall call, Device device);
+
 /// Runs a checked call: on the shared-memory path, or (on_gpu) agreement there and the data on
-/// the GPU backend.
+/// the GPU backend; on the progress thread when the communicator has one.
 void run(detail::CommState& c, CollCall call, Device device) {
+  if (!c.worker || c.worker->on_this_thread() || c.worker->idle()) return run_here(c, call, device);
+  in_call_order(c, detail::coll_kind_name(call.kind),
+                [state = c.shared_from_this(), call, device] { run_here(*state, call, device); });
+}
+
+void run_here(detail::CommState& c, CollCall call, Device device) {
   if (device.kind == Device::Kind::cpu) return detail::run_collective(c, call);
   refuse_after_finalize(c);  // before the agreement: peers would wait for this rank's GPU part
   call.on_gpu = true;
   detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
   detail::GpuBackend& gpu = gpu_backend(c, device.index);
-  c.last_algorithm = gpu.name();
+  c.last_algorithm.store(gpu.name(), std::memory_order_relaxed);
   const cuda::Stream stream = cuda::current_stream();
   switch (call.kind) {
     case CollKind::allreduce: return gpu.allreduce(call.input, call.output, call.count, call.dtype, call.op, stream);
@@ -333,45 +358,45 @@ detail::GpuBackend& p2p_backend(detail::CommState& c, Device device, const char*
 
 void Communicator::allreduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
   auto& c = state();
-  detail::run_collective(c, allreduce_call(c, input, output, count, dtype, op));
+  run(c, allreduce_call(c, input, output, count, dtype, op), Device{});
 }
 
 void Communicator::reduce(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op, int root) {
   auto& c = state();
-  detail::run_collective(c, reduce_call(c, input, output, count, dtype, op, root));
+  run(c, reduce_call(c, input, output, count, dtype, op, root), Device{});
 }
 
 void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
   auto& c = state();
-  detail::run_collective(c, broadcast_call(c, buffer, count, dtype, root));
+  run(c, broadcast_call(c, buffer, count, dtype, root), Device{});
 }
 
 void Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
   auto& c = state();
-  detail::run_collective(c, allgather_call(c, input, output, count, dtype));
+  run(c, allgather_call(c, input, output, count, dtype), Device{});
 }
 
 void Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op) {
   auto& c = state();
-  detail::run_collective(c, reduce_scatter_call(c, input, output, count, dtype, op));
+  run(c, reduce_scatter_call(c, input, output, count, dtype, op), Device{});
 }
 
 void Communicator::gather(const void* input, void* output, std::size_t count, DType dtype, int root) {
   auto& c = state();
-  detail::run_collective(c, gather_call(c, input, output, count, dtype, root));
+  run(c, gather_call(c, input, output, count, dtype, root), Device{});
 }
 
 void Communicator::scatter(const void* input, void* output, std::size_t count, DType dtype, int root) {
   auto& c = state();
-  detail::run_collective(c, scatter_call(c, input, output, count, dtype, root));
+  run(c, scatter_call(c, input, output, count, dtype, root), Device{});
 }
 
 void Communicator::alltoall(const void* input, void* output, std::size_t count, DType dtype) {
   auto& c = state();
-  detail::run_collective(c, alltoall_call(c, input, output, count, dtype));
+  run(c, alltoall_call(c, input, output, count, dtype), Device{});
 }
 
-void Communicator::barrier() { detail::run_collective(state(), barrier_call()); }
+void Communicator::barrier() { run(state(), barrier_call(), Device{}); }
 
 void Communicator::barrier(Device device) {
   check_device_arg(device, "barrier");
@@ -388,88 +413,178 @@ void Communicator::recv(void* output, std::size_t count, DType dtype, int peer) 
   detail::recv_message(state(), output, count, dtype, peer);
 }
 
-// ---- Tensors: the same calls, on the tensors' device. ----
+// ---- Tensors: the same calls, on the tensors' device; blocking or not. ----
+
+namespace {
+
+/// A Tensor call checked on this rank: what to run, on which device, and the tensors a
+/// non-blocking call keeps alive until it completes.
+struct TensorCall {
+  CollCall call;
+  Device device;
+  Tensor input, output;
+};
+
+TensorCall allreduce_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output, ReduceOp op) {
+  check_tensor(input, "allreduce", "input");
+  check_tensor(output, "allreduce", "output");
+  check_same_dtype(input, output, "allreduce");
+  check_numel(output, numel(input), "allreduce", "output");
+  return {allreduce_call(c, input.data(), output.data(), numel(input), input.dtype(), op),
+          call_device(input, output, "allreduce"), input, output};
+}
+
+TensorCall reduce_tensors(const detail::CommState& c, const Tensor& tensor, ReduceOp op, int root) {
+  check_tensor(tensor, "reduce", "input");
+  return {reduce_call(c, tensor.data(), tensor.data(), numel(tensor), tensor.dtype(), op, root), tensor.device(),
+          tensor, tensor};
+}
+
+TensorCall broadcast_tensors(const detail::CommState& c, const Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "input");
+  return {broadcast_call(c, tensor.data(), numel(tensor), tensor.dtype(), root), tensor.device(), tensor, tensor};
+}
+
+TensorCall allgather_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output) {
+  check_tensor(input, "allgather", "input");
+  check_tensor(output, "allgather", "output");
+  check_same_dtype(input, output, "allgather");
+  check_numel(output, numel(input) * c.size, "allgather", "output");
+  return {allgather_call(c, input.data(), output.data(), numel(input), input.dtype()),
+          call_device(input, output, "allgather"), input, output};
+}
+
+TensorCall reduce_scatter_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output, ReduceOp op) {
+  check_tensor(input, "reduce_scatter", "input");
+  check_tensor(output, "reduce_scatter", "output");
+  check_same_dtype(input, output, "reduce_scatter");
+  check_numel(input, numel(output) * c.size, "reduce_scatter", "input");
+  return {reduce_scatter_call(c, input.data(), output.data(), numel(output), output.dtype(), op),
+          call_device(input, output, "reduce_scatter"), input, output};
+}
+
+TensorCall gather_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output, int root) {
+  check_tensor(input, "gather", "input");
+  if (c.rank == root) {
+    check_tensor(output, "gather", "output");
+    check_same_dtype(input, output, "gather");
+    check_numel(output, numel(input) * c.size, "gather", "output");
+  }
+  return {gather_call(c, input.data(), output.defined() ? output.data() : nullptr, numel(input), input.dtype(), root),
+          call_device(input, output, "gather"), input, output};
+}
+
+TensorCall scatter_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output, int root) {
+  check_tensor(output, "scatter", "output");
+  if (c.rank == root) {
+    check_tensor(input, "scatter", "input");
+    check_same_dtype(input, output, "scatter");
+    check_numel(input, numel(output) * c.size, "scatter", "input");
+  }
+  return {scatter_call(c, input.defined() ? input.data() : nullptr, output.data(), numel(output), output.dtype(), root),
+          call_device(input, output, "scatter"), input, output};
+}
+
+TensorCall alltoall_tensors(const detail::CommState& c, const Tensor& input, const Tensor& output) {
+  check_tensor(input, "alltoall", "input");
+  check_tensor(output, "alltoall", "output");
+  check_same_dtype(input, output, "alltoall");
+  check_numel(output, numel(input), "alltoall", "output");
+  if (numel(input) % c.size != 0) {
+    throw UsageError(fmt::format("alltoall: {} elements do not split into {} equal blocks", numel(input), c.size));
+  }
+  return {alltoall_call(c, input.data(), output.data(), numel(input) / c.size, input.dtype()),
+          call_device(input, output, "alltoall"), input, output};
+}
+
+/// Queues a checked call on the communicator's progress thread (made now if it has none) and
+/// returns its Work; the closure keeps the state and the tensors alive until the call ran.
+std::shared_ptr<detail::WorkState> start(const std::shared_ptr<detail::CommState>& state, TensorCall t,
+                                         const char* what) {
+  detail::CommState& c = *state;
+  if (!c.worker) c.worker = std::make_shared<detail::ProgressThread>();
+  return c.worker->submit([state, t = std::move(t)] { run(*state, t.call, t.device); },
+                          fmt::format("{} on communicator '{}'", what, c.name));
+}
+
+}  // namespace
 
 void Communicator::allreduce(Tensor& tensor, ReduceOp op) { allreduce(tensor, tensor, op); }
 
 void Communicator::allreduce(const Tensor& input, Tensor& output, ReduceOp op) {
   auto& c = state();
-  check_tensor(input, "allreduce", "input");
-  check_tensor(output, "allreduce", "output");
-  check_same_dtype(input, output, "allreduce");
-  check_numel(output, numel(input), "allreduce", "output");
-  run(c, allreduce_call(c, input.data(), output.data(), numel(input), input.dtype(), op),
-      call_device(input, output, "allreduce"));
+  TensorCall t = allreduce_tensors(c, input, output, op);
+  run(c, t.call, t.device);
 }
 
 void Communicator::reduce(Tensor& tensor, ReduceOp op, int root) {
   auto& c = state();
-  check_tensor(tensor, "reduce", "input");
-  run(c, reduce_call(c, tensor.data(), tensor.data(), numel(tensor), tensor.dtype(), op, root), tensor.device());
+  TensorCall t = reduce_tensors(c, tensor, op, root);
+  run(c, t.call, t.device);
 }
 
 void Communicator::broadcast(Tensor& tensor, int root) {
   auto& c = state();
-  check_tensor(tensor, "broadcast", "input");
-  run(c, broadcast_call(c, tensor.data(), numel(tensor), tensor.dtype(), root), tensor.device());
+  TensorCall t = broadcast_tensors(c, tensor, root);
+  run(c, t.call, t.device);
 }
 
 void Communicator::allgather(const Tensor& input, Tensor& output) {
   auto& c = state();
-  check_tensor(input, "allgather", "input");
-  check_tensor(output, "allgather", "output");
-  check_same_dtype(input, output, "allgather");
-  check_numel(output, numel(input) * world_size(), "allgather", "output");
-  run(c, allgather_call(c, input.data(), output.data(), numel(input), input.dtype()),
-      call_device(input, output, "allgather"));
+  TensorCall t = allgather_tensors(c, input, output);
+  run(c, t.call, t.device);
 }
 
 void Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
   auto& c = state();
-  check_tensor(input, "reduce_scatter", "input");
-  check_tensor(output, "reduce_scatter", "output");
-  check_same_dtype(input, output, "reduce_scatter");
-  check_numel(input, numel(output) * world_size(), "reduce_scatter", "input");
-  run(c, reduce_scatter_call(c, input.data(), output.data(), numel(output), output.dtype(), op),
-      call_device(input, output, "reduce_scatter"));
+  TensorCall t = reduce_scatter_tensors(c, input, output, op);
+  run(c, t.call, t.device);
 }
 
 void Communicator::gather(const Tensor& input, Tensor& output, int root) {
   auto& c = state();
-  check_tensor(input, "gather", "input");
-  if (rank() == root) {
-    check_tensor(output, "gather", "output");
-    check_same_dtype(input, output, "gather");
-    check_numel(output, numel(input) * world_size(), "gather", "output");
-  }
-  run(c, gather_call(c, input.data(), output.defined() ? output.data() : nullptr, numel(input), input.dtype(), root),
-      call_device(input, output, "gather"));
+  TensorCall t = gather_tensors(c, input, output, root);
+  run(c, t.call, t.device);
 }
 
 void Communicator::scatter(const Tensor& input, Tensor& output, int root) {
   auto& c = state();
-  check_tensor(output, "scatter", "output");
-  if (rank() == root) {
-    check_tensor(input, "scatter", "input");
-    check_same_dtype(input, output, "scatter");
-    check_numel(input, numel(output) * world_size(), "scatter", "input");
-  }
-  run(c, scatter_call(c, input.defined() ? input.data() : nullptr, output.data(), numel(output), output.dtype(), root),
-      call_device(input, output, "scatter"));
+  TensorCall t = scatter_tensors(c, input, output, root);
+  run(c, t.call, t.device);
 }
 
 void Communicator::alltoall(const Tensor& input, Tensor& output) {
   auto& c = state();
-  check_tensor(input, "alltoall", "input");
-  check_tensor(output, "alltoall", "output");
-  check_same_dtype(input, output, "alltoall");
-  check_numel(output, numel(input), "alltoall", "output");
-  if (numel(input) % world_size() != 0) {
-    throw UsageError(fmt::format("alltoall: {} elements do not split into {} equal blocks", numel(input), world_size()));
-  }
-  run(c, alltoall_call(c, input.data(), output.data(), numel(input) / world_size(), input.dtype()),
-      call_device(input, output, "alltoall"));
+  TensorCall t = alltoall_tensors(c, input, output);
+  run(c, t.call, t.device);
 }
+
+Work Communicator::iallreduce(Tensor& tensor, ReduceOp op) { return iallreduce(tensor, tensor, op); }
+Work Communicator::iallreduce(const Tensor& input, Tensor& output, ReduceOp op) {
+  return Work(start(state_, allreduce_tensors(state(), input, output, op), "iallreduce"));
+}
+Work Communicator::ireduce(Tensor& tensor, ReduceOp op, int root) {
+  return Work(start(state_, reduce_tensors(state(), tensor, op, root), "ireduce"));
+}
+Work Communicator::ibroadcast(Tensor& tensor, int root) {
+  return Work(start(state_, broadcast_tensors(state(), tensor, root), "ibroadcast"));
+}
+Work Communicator::iallgather(const Tensor& input, Tensor& output) {
+  return Work(start(state_, allgather_tensors(state(), input, output), "iallgather"));
+}
+Work Communicator::ireduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) {
+  return Work(start(state_, reduce_scatter_tensors(state(), input, output, op), "ireduce_scatter"));
+}
+Work Communicator::igather(const Tensor& input, Tensor& output, int root) {
+  return Work(start(state_, gather_tensors(state(), input, output, root), "igather"));
+}
+Work Communicator::iscatter(const Tensor& input, Tensor& output, int root) {
+  return Work(start(state_, scatter_tensors(state(), input, output, root), "iscatter"));
+}
+Work Communicator::ialltoall(const Tensor& input, Tensor& output) {
+  return Work(start(state_, alltoall_tensors(state(), input, output), "ialltoall"));
+}
+Work Communicator::ibarrier() { return Work(start(state_, {barrier_call(), Device{}, {}, {}}, "ibarrier")); }
 
 void Communicator::send(const Tensor& tensor, int peer) {
   auto& c = state();

@@ -20,7 +20,8 @@
 // - A dead peer (nodalrun has declared the job failed) makes every pending and later call throw
 //   PeerFailure within 100 ms. Waiting goes through the runtime's one waiting helper (spin, then
 //   yield when ranks outnumber cores, then futex).
-// - A Communicator is a cheap handle (copies share one state); use it from one thread at a time.
+// - A Communicator is a cheap handle (copies share one state); use it from one thread at a time
+//   (its non-blocking calls run on a thread of its own: see "Non-blocking collectives").
 //
 // Algorithms, picked per call from size and world size (Communicator::algorithm_table()):
 //   small      every rank copies its input into its slot, every rank reduces all slots itself
@@ -50,6 +51,7 @@
 
 #include <nodal/context.hpp>
 #include <nodal/tensor.hpp>
+#include <nodal/work.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -167,6 +169,29 @@ class Communicator {
   void alltoall(const Tensor& input, Tensor& output);
   void send(const Tensor& tensor, int peer);
   void recv(Tensor& tensor, int peer);
+
+  // ---- Non-blocking collectives (MPI_Iallreduce, ...; torch.distributed's async_op=True). ----
+  // The same calls, checks and results as the blocking Tensor calls above, returning at once with
+  // a Work (work.hpp) that completes when the call has. Arguments are checked on this rank at once
+  // (UsageError from the i-call itself); what only the peers can tell (a mismatched call,
+  // PeerFailure) and GPU errors come from Work::wait/test. The call runs on the communicator's
+  // progress thread, started by its first non-blocking call; calls run there one at a time in the
+  // order they were made, and while any is pending this communicator's blocking collectives queue
+  // there too (and wait), so every rank's call order stays the order of its program. The Work keeps the
+  // tensors alive; do not read the output or write the input before the call completed (MPI's
+  // rule). A cuda call is ordered after the work queued on the caller's cuda::current_stream() at
+  // the i-call, and its result is in place once the Work completes. send/recv do not queue.
+  // last_algorithm() is the last completed call's.
+  Work iallreduce(Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  Work iallreduce(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
+  Work ireduce(Tensor& tensor, ReduceOp op, int root);
+  Work ibroadcast(Tensor& tensor, int root);
+  Work iallgather(const Tensor& input, Tensor& output);
+  Work ireduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
+  Work igather(const Tensor& input, Tensor& output, int root);
+  Work iscatter(const Tensor& input, Tensor& output, int root);
+  Work ialltoall(const Tensor& input, Tensor& output);
+  Work ibarrier();
 
   /// The algorithm table in force (defaults, then NODAL_* overrides), for printing and tests.
   static std::vector<AlgorithmRule> algorithm_table();

@@ -144,7 +144,7 @@ class Call {
     } else if (!is_reduction(call_.kind) && forced == Forced::none && cma_usable()) {
       algorithm = Algorithm::cma;
     }
-    c_.last_algorithm = algorithm_name(algorithm);  // a static string: no copy
+    c_.last_algorithm.store(algorithm_name(algorithm), std::memory_order_relaxed);  // a static string: no copy
     if (call_.kind == CollKind::barrier || call_.count == 0) return;
     if (algorithm == Algorithm::small) {
       run_small();
