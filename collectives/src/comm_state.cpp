@@ -47,6 +47,11 @@ const char* coll_kind_name(CollKind kind) noexcept {
     case CollKind::scatter: return "scatter";
     case CollKind::alltoall: return "alltoall";
     case CollKind::split: return "split";
+    case CollKind::allgatherv: return "allgatherv";
+    case CollKind::gatherv: return "gatherv";
+    case CollKind::scatterv: return "scatterv";
+    case CollKind::alltoallv: return "alltoallv";
+    case CollKind::reduce_scatterv: return "reduce_scatterv";
   }
   return "?";
 }

@@ -22,7 +22,9 @@ constexpr std::size_t kCacheLine = 64;
 
 /// Which collective a call is (in the call header, so that ranks can tell a mismatch).
 enum class CollKind : std::uint8_t {
-  barrier = 1, allreduce, reduce, broadcast, allgather, reduce_scatter, gather, scatter, alltoall, split
+  barrier = 1, allreduce, reduce, broadcast, allgather, reduce_scatter, gather, scatter, alltoall, split,
+  // The v-variants (per-rank counts; shm/vector_collectives.hpp).
+  allgatherv, gatherv, scatterv, alltoallv, reduce_scatterv
 };
 const char* coll_kind_name(CollKind kind) noexcept;
 
@@ -35,7 +37,8 @@ struct CallHeader {
   DType dtype;
   ReduceOp op;
   std::uint8_t in_arena;   ///< 1: this rank's input is in the arena at input_offset; 0: input_offset
-                           ///< is its address in this rank's own memory (for cross-memory attach)
+                           ///< is its address in this rank's own memory (for cross-memory attach).
+                           ///< v-variants: input_offset is the rank's staged counts and data.
   std::int32_t root;
   std::uint64_t count;
   std::uint64_t input_offset;
@@ -106,6 +109,10 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// The progress thread of the non-blocking calls (progress.hpp), made by the first of them; from
   /// then on every collective of this communicator runs there, in call order.
   std::shared_ptr<ProgressThread> worker;
+  /// The v-variants' staging, per call parity (shm/vector_collectives.cpp): this rank's counts
+  /// and data, read by its peers; grown on demand, kept for the life of the communicator.
+  std::byte* vector_scratch[2] = {nullptr, nullptr};
+  std::size_t vector_capacity[2] = {0, 0};
 
   CallHeader& header(int r, std::uint64_t call) const {
     return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * 2 + (call & 1)) * config.slot_bytes());

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -326,7 +327,7 @@ void run_here(detail::CommState& c, CollCall call, Device device) {
     case CollKind::scatter: return gpu.scatter(call.input, call.output, call.count, call.dtype, call.root, stream);
     case CollKind::alltoall: return gpu.alltoall(call.input, call.output, call.count, call.dtype, stream);
     case CollKind::barrier: return gpu.barrier(stream);
-    case CollKind::split: break;
+    default: break;  // split and the v-variants never reach the GPU path
   }
   throw UsageError("internal: a split on the GPU path");
 }
@@ -394,6 +395,92 @@ void Communicator::scatter(const void* input, void* output, std::size_t count, D
 void Communicator::alltoall(const void* input, void* output, std::size_t count, DType dtype) {
   auto& c = state();
   run(c, alltoall_call(c, input, output, count, dtype), Device{});
+}
+
+// ---- v-variants (shm/vector_collectives.hpp): this rank's arguments here, the peers' there. ----
+
+namespace {
+
+/// Checks a counts argument of `what` (world_size entries, a total that fits) and returns its sum.
+std::size_t check_counts(const detail::CommState& c, const std::vector<std::size_t>& counts, DType dtype,
+                         const char* what, const char* which) {
+  if (counts.size() != static_cast<std::size_t>(c.size)) {
+    throw UsageError(fmt::format("{}: {} has {} entries; communicator '{}' has {} ranks", what, which, counts.size(),
+                                 c.name, c.size));
+  }
+  std::size_t total = 0;
+  for (std::size_t count : counts) {
+    if (count > SIZE_MAX / element_size(dtype) - total) throw UsageError(fmt::format("{}: {} add up to too much", what, which));
+    total += count;
+  }
+  return total;
+}
+
+CollCall vector_call(CollKind kind, const void* input, void* output, std::size_t count, DType dtype, ReduceOp op,
+                     int root, const std::vector<std::size_t>* counts, const std::vector<std::size_t>* recv_counts) {
+  CollCall call{kind, input, output, count, dtype, op, root};
+  call.counts = counts && !counts->empty() ? counts->data() : nullptr;
+  call.recv_counts = recv_counts && !recv_counts->empty() ? recv_counts->data() : nullptr;
+  return call;
+}
+
+}  // namespace
+
+void Communicator::allgatherv(const void* input, std::size_t count, void* output, const std::vector<std::size_t>& counts,
+                              DType dtype) {
+  auto& c = state();
+  check_count(count, dtype, 1, "allgatherv");
+  check_buffer(input, count, "allgatherv", "input");
+  check_buffer(output, check_counts(c, counts, dtype, "allgatherv", "counts"), "allgatherv", "output");
+  run(c, vector_call(CollKind::allgatherv, input, output, count, dtype, ReduceOp::sum, -1, &counts, nullptr), Device{});
+}
+
+void Communicator::gatherv(const void* input, std::size_t count, void* output, const std::vector<std::size_t>& counts,
+                           DType dtype, int root) {
+  auto& c = state();
+  check_root(c, root, "gatherv");
+  check_count(count, dtype, 1, "gatherv");
+  check_buffer(input, count, "gatherv", "input");
+  if (c.rank == root) check_buffer(output, check_counts(c, counts, dtype, "gatherv", "counts"), "gatherv", "output");
+  run(c, vector_call(CollKind::gatherv, input, output, count, dtype, ReduceOp::sum, root, c.rank == root ? &counts : nullptr,
+                     nullptr),
+      Device{});
+}
+
+void Communicator::scatterv(const void* input, const std::vector<std::size_t>& counts, void* output, std::size_t count,
+                            DType dtype, int root) {
+  auto& c = state();
+  check_root(c, root, "scatterv");
+  check_count(count, dtype, 1, "scatterv");
+  check_buffer(output, count, "scatterv", "output");
+  if (c.rank == root) check_buffer(input, check_counts(c, counts, dtype, "scatterv", "counts"), "scatterv", "input");
+  run(c, vector_call(CollKind::scatterv, input, output, count, dtype, ReduceOp::sum, root, c.rank == root ? &counts : nullptr,
+                     nullptr),
+      Device{});
+}
+
+void Communicator::alltoallv(const void* input, const std::vector<std::size_t>& send_counts, void* output,
+                             const std::vector<std::size_t>& recv_counts, DType dtype) {
+  auto& c = state();
+  const std::size_t sent = check_counts(c, send_counts, dtype, "alltoallv", "send_counts");
+  const std::size_t received = check_counts(c, recv_counts, dtype, "alltoallv", "recv_counts");
+  check_buffer(input, sent, "alltoallv", "input");
+  check_buffer(output, received, "alltoallv", "output");
+  if (input == output && sent != 0 && received != 0) throw UsageError("alltoallv: input and output must not overlap");
+  run(c, vector_call(CollKind::alltoallv, input, output, sent, dtype, ReduceOp::sum, -1, &send_counts, &recv_counts),
+      Device{});
+}
+
+void Communicator::reduce_scatterv(const void* input, void* output, const std::vector<std::size_t>& counts, DType dtype,
+                                   ReduceOp op) {
+  auto& c = state();
+  check_reduce_op(op, dtype);
+  const std::size_t total = check_counts(c, counts, dtype, "reduce_scatterv", "counts");
+  check_buffer(input, total, "reduce_scatterv", "input");
+  check_buffer(output, counts[static_cast<std::size_t>(c.rank)], "reduce_scatterv", "output");
+  run(c, vector_call(CollKind::reduce_scatterv, input, output, counts[static_cast<std::size_t>(c.rank)], dtype, op, -1,
+                     &counts, nullptr),
+      Device{});
 }
 
 void Communicator::barrier() { run(state(), barrier_call(), Device{}); }
@@ -557,6 +644,84 @@ void Communicator::alltoall(const Tensor& input, Tensor& output) {
   auto& c = state();
   TensorCall t = alltoall_tensors(c, input, output);
   run(c, t.call, t.device);
+}
+
+namespace {
+
+/// The element counts of a v-variant's Tensor form, checked (no negative entry).
+std::vector<std::size_t> element_counts(const std::vector<std::int64_t>& counts, const char* what) {
+  std::vector<std::size_t> out;
+  out.reserve(counts.size());
+  for (std::int64_t count : counts) {
+    if (count < 0) throw UsageError(fmt::format("{}: a negative count ({})", what, count));
+    out.push_back(static_cast<std::size_t>(count));
+  }
+  return out;
+}
+
+/// The v-variants take contiguous cpu tensors of one dtype, with the element counts they name.
+void check_vector_tensors(const Tensor& input, const Tensor& output, const char* what, bool input_used,
+                          bool output_used) {
+  for (auto [t, which, used] : {std::tuple{&input, "input", input_used}, {&output, "output", output_used}}) {
+    if (!used) continue;
+    check_tensor(*t, what, which);
+    if (t->device().kind != Device::Kind::cpu) {
+      throw UsageError(fmt::format("{}: the {} tensor is on {}; the v-variants take cpu tensors for now (copy it with "
+                                   "Tensor::to)",
+                                   what, which, device_name(t->device())));
+    }
+  }
+  if (input_used && output_used) check_same_dtype(input, output, what);
+}
+
+std::size_t total(const std::vector<std::size_t>& counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+
+}  // namespace
+
+void Communicator::allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
+  check_vector_tensors(input, output, "allgatherv", true, true);
+  const auto n = element_counts(counts, "allgatherv");
+  check_numel(output, total(n), "allgatherv", "output");
+  allgatherv(input.data(), numel(input), output.data(), n, input.dtype());
+}
+
+void Communicator::gatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts, int root) {
+  const bool root_here = rank() == root;
+  check_vector_tensors(input, output, "gatherv", true, root_here);
+  const auto n = element_counts(counts, "gatherv");
+  if (root_here) check_numel(output, total(n), "gatherv", "output");
+  gatherv(input.data(), numel(input), root_here ? output.data() : nullptr, n, input.dtype(), root);
+}
+
+void Communicator::scatterv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts, int root) {
+  const bool root_here = rank() == root;
+  check_vector_tensors(input, output, "scatterv", root_here, true);
+  const auto n = element_counts(counts, "scatterv");
+  if (root_here) check_numel(input, total(n), "scatterv", "input");
+  scatterv(root_here ? input.data() : nullptr, n, output.data(), numel(output), output.dtype(), root);
+}
+
+void Communicator::alltoallv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& input_split_sizes,
+                             const std::vector<std::int64_t>& output_split_sizes) {
+  check_vector_tensors(input, output, "alltoallv", true, true);
+  const auto send = element_counts(input_split_sizes, "alltoallv");
+  const auto receive = element_counts(output_split_sizes, "alltoallv");
+  check_numel(input, total(send), "alltoallv", "input");
+  check_numel(output, total(receive), "alltoallv", "output");
+  alltoallv(input.data(), send, output.data(), receive, input.dtype());
+}
+
+void Communicator::reduce_scatterv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
+                                   ReduceOp op) {
+  check_vector_tensors(input, output, "reduce_scatterv", true, true);
+  const auto n = element_counts(counts, "reduce_scatterv");
+  check_numel(input, total(n), "reduce_scatterv", "input");
+  if (n.size() == static_cast<std::size_t>(world_size())) {
+    check_numel(output, n[static_cast<std::size_t>(rank())], "reduce_scatterv", "output");
+  }
+  reduce_scatterv(input.data(), output.data(), n, input.dtype(), op);
 }
 
 Work Communicator::iallreduce(Tensor& tensor, ReduceOp op) { return iallreduce(tensor, tensor, op); }

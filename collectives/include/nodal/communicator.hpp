@@ -119,6 +119,36 @@ class Communicator {
   /// `input` and `output` hold world_size * count elements: block j of rank r's output is block
   /// r of rank j's input. Not in place (input and output must not overlap).
   void alltoall(const void* input, void* output, std::size_t count, DType dtype);
+  // ---- v-variants: per-rank counts (MPI_Allgatherv, ...; torch's split sizes). ----
+  // Counts are elements, one per rank of the communicator; blocks are packed back to back in rank
+  // order (MPI's displs = the exclusive prefix sums of the counts, as torch packs split sizes).
+  // Every rank's counts must agree with the others' (the same counts everywhere they are given,
+  // and each rank's own count equal to its entry): checked on every rank, a disagreement is the
+  // same UsageError on every rank, and the communicator goes on. Same dtypes, ops and PeerFailure
+  // rule as above. CPU buffers only for now (the Tensor forms refuse cuda tensors); the data is
+  // staged through the arena (two copies per byte; see src/shm/vector_collectives.hpp).
+
+  /// `output` (sum(counts) elements) gets every rank's `input` (`count` == counts[rank] elements).
+  void allgatherv(const void* input, std::size_t count, void* output, const std::vector<std::size_t>& counts,
+                  DType dtype);
+  /// allgatherv onto `root` only: `counts` and `output` matter on root (others may pass {} and nullptr).
+  void gatherv(const void* input, std::size_t count, void* output, const std::vector<std::size_t>& counts, DType dtype,
+               int root);
+  /// Rank r's `output` (`count` == counts[r] elements) gets block r of root's `input`
+  /// (sum(counts) elements); `input` and `counts` matter on root only.
+  void scatterv(const void* input, const std::vector<std::size_t>& counts, void* output, std::size_t count,
+                DType dtype, int root);
+  /// Rank r sends send_counts[q] elements (block q of `input`) to each rank q, and receives
+  /// recv_counts[p] elements from each rank p into block p of `output` (torch's all_to_all_single
+  /// with input/output split sizes). send_counts[q] on rank p must equal recv_counts[p] on rank q.
+  /// Not in place.
+  void alltoallv(const void* input, const std::vector<std::size_t>& send_counts, void* output,
+                 const std::vector<std::size_t>& recv_counts, DType dtype);
+  /// `input` holds sum(counts) elements on every rank; rank r's `output` (counts[r] elements) gets
+  /// block r of op over every rank's input (MPI_Reduce_scatter).
+  void reduce_scatterv(const void* input, void* output, const std::vector<std::size_t>& counts, DType dtype,
+                       ReduceOp op = ReduceOp::sum);
+
   /// Returns once every rank has called it.
   void barrier();
   /// barrier() on a device: for cuda, also returns only once every rank's work queued on its
@@ -169,6 +199,14 @@ class Communicator {
   void alltoall(const Tensor& input, Tensor& output);
   void send(const Tensor& tensor, int peer);
   void recv(Tensor& tensor, int peer);
+  /// The v-variants on contiguous cpu tensors; counts in elements (numel of each block).
+  void allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts);
+  void gatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts, int root);
+  void scatterv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts, int root);
+  void alltoallv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& input_split_sizes,
+                 const std::vector<std::int64_t>& output_split_sizes);
+  void reduce_scatterv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
+                       ReduceOp op = ReduceOp::sum);
 
   // ---- Non-blocking collectives (MPI_Iallreduce, ...; torch.distributed's async_op=True). ----
   // The same calls, checks and results as the blocking Tensor calls above, returning at once with

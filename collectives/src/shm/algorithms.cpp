@@ -12,6 +12,7 @@
 
 #include "copy.hpp"
 #include "reduce_kernels.hpp"
+#include "shm/vector_collectives.hpp"
 
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
@@ -98,8 +99,8 @@ std::size_t contribution_bytes(const CollCall& call, int world_size, int rank) {
     case CollKind::scatter: return rank == call.root ? n * static_cast<std::size_t>(world_size) : 0;
     case CollKind::reduce_scatter:
     case CollKind::alltoall: return n * static_cast<std::size_t>(world_size);
+    default: return 0;  // the v-variants stage elsewhere
   }
-  return 0;
 }
 
 /// The largest slot contribution of any rank: the same number on every rank.
@@ -110,7 +111,8 @@ std::size_t largest_contribution(const CollCall& call, int world_size) {
 }
 
 bool is_reduction(CollKind kind) {
-  return kind == CollKind::allreduce || kind == CollKind::reduce || kind == CollKind::reduce_scatter;
+  return kind == CollKind::allreduce || kind == CollKind::reduce || kind == CollKind::reduce_scatter ||
+         kind == CollKind::reduce_scatterv;
 }
 
 std::string describe(const CallHeader& h) {
@@ -130,6 +132,14 @@ class Call {
   void run() {
     check_job_alive();
     seq_ = ++c_.seq;
+    if (is_vector(call_.kind)) {
+      staged_ = stage_vector_call(c_, call_, seq_);
+      publish_header(false);
+      exchange_headers();
+      c_.last_algorithm.store("staged", std::memory_order_relaxed);
+      finish_vector_call(c_, call_, seq_);
+      return;
+    }
     const bool small_fits = largest_contribution(call_, n_) <= c_.config.small_max;
     const Forced forced = forced_algorithm(call_.kind);
     const bool small = !call_.on_gpu && small_fits && (forced == Forced::none || forced == Forced::small);
@@ -173,8 +183,10 @@ class Call {
     h.root = call_.root;
     h.count = call_.count;
     Arena& arena = *c_.arena;
-    h.in_arena = call_.input != nullptr && arena.contains(call_.input);
-    h.input_offset = h.in_arena ? arena.offset_of(call_.input) : reinterpret_cast<std::uintptr_t>(call_.input);
+    h.in_arena = is_vector(call_.kind) || (call_.input != nullptr && arena.contains(call_.input));
+    h.input_offset = is_vector(call_.kind) ? staged_
+                     : h.in_arena          ? arena.offset_of(call_.input)
+                                           : reinterpret_cast<std::uintptr_t>(call_.input);
     h.out_arena = call_.output != nullptr && arena.contains(call_.output);
     h.output_offset = h.out_arena ? arena.offset_of(call_.output) : 0;
     h.on_gpu = call_.on_gpu;
@@ -190,7 +202,9 @@ class Call {
       if (j == r_) continue;
       const CallHeader& h = c_.header(j, seq_);
       wait_flag(c_, h.seq, seq_, "collective");
-      if (differs < 0 && (h.kind != mine.kind || h.count != mine.count || h.dtype != mine.dtype ||
+      // The v-variants' counts differ by design: finish_vector_call checks them against each other.
+      const bool count_differs = h.count != mine.count && !is_vector(mine.kind);
+      if (differs < 0 && (h.kind != mine.kind || count_differs || h.dtype != mine.dtype ||
                           h.root != mine.root || h.on_gpu != mine.on_gpu ||
                           (is_reduction(h.kind) && h.op != mine.op))) {
         differs = j;
@@ -301,6 +315,7 @@ class Call {
         }
         return;
       case CollKind::barrier: return;
+      default: return;  // the v-variants never take this path
     }
   }
 
@@ -484,6 +499,7 @@ class Call {
   const int r_;
   const std::size_t esize_;
   std::uint64_t seq_ = 0;
+  std::uint64_t staged_ = 0;  ///< v-variants: the arena offset of this rank's staged counts and data
 };
 
 // ---- Point-to-point channels. ----

@@ -18,6 +18,10 @@ struct CollCall {
   /// call (the same header exchange, so the same UsageError on every rank); the GPU backend then
   /// moves the data. A cpu call and a cuda call at the same point are a mismatch.
   bool on_gpu = false;
+  /// v-variants (shm/vector_collectives.hpp): world_size counts each, in elements, where the call
+  /// defines them (nullptr elsewhere); `count` is then this rank's own part.
+  const std::size_t* counts = nullptr;
+  const std::size_t* recv_counts = nullptr;  ///< alltoallv only
 };
 
 /// Runs `call` on `comm` (every member makes the same call); for an on_gpu call, only the

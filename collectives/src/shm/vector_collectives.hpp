@@ -1,0 +1,31 @@
+// The v-variants on the shared-memory path: allgatherv, gatherv, scatterv, alltoallv (torch's
+// all_to_all_single with split sizes) and reduce_scatterv (MPI_Reduce_scatter's unequal counts).
+// Internal.
+//
+// Each rank copies its counts and its data into its own staging area in the arena (one per call
+// parity, grown on demand), publishes the area's offset in its call header, and after the header
+// exchange every rank reads the peers' counts, checks that they agree, and copies (or reduces)
+// what it receives straight out of the peers' areas. Two copies per byte (the fixed-size calls
+// read peers' buffers in place or by cross-memory attach: one), and no per-size tuning yet.
+// Reusing an area is safe for the reason every shared buffer is (algorithms.cpp): the area of
+// parity k % 2 was last read in call k - 2, and a rank in call k has seen every header of call
+// k - 1.
+#pragma once
+
+#include "shm/algorithms.hpp"
+
+#include <cstdint>
+
+namespace nodal::detail {
+
+bool is_vector(CollKind kind) noexcept;
+
+/// Before this rank's header of call `seq`: copies its counts and data into its staging area;
+/// returns the area's arena offset. Throws ShmError when the arena has no room.
+std::uint64_t stage_vector_call(CommState& comm, const CollCall& call, std::uint64_t seq);
+
+/// After every member's header of call `seq`: checks the counts of every rank against each other
+/// (the same UsageError on every rank when they disagree) and moves the data.
+void finish_vector_call(CommState& comm, const CollCall& call, std::uint64_t seq);
+
+}  // namespace nodal::detail
