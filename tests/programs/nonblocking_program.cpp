@@ -13,6 +13,8 @@
 #include <nodal/nodal.hpp>
 #include <nodal/work.hpp>
 
+#include "../support/rank_checks.hpp"
+
 #include <signal.h>
 
 #include <chrono>
@@ -30,19 +32,9 @@ using nodal::ReduceOp;
 using nodal::Tensor;
 using nodal::Work;
 
-int g_rank = 0;
-int g_checks = 0;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
-  std::fflush(stdout);
-  std::_Exit(1);
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) fail(what);
-  ++g_checks;
-}
+using nodal::testing::expect;
+using nodal::testing::fail;
+using nodal::testing::g_checks;
 
 Tensor filled(std::int64_t n, float base) {
   Tensor t = Tensor::empty({n}, DType::f32);
@@ -102,7 +94,7 @@ int results(nodal::Communicator& comm) {
     }
   }
   expect(Work().is_completed() && Work().test(), "a default Work is completed");
-  std::printf("rank %d: %d checks ok\n", r, g_checks);
+  std::printf("rank %d: %ld checks ok\n", r, g_checks);
   return 0;
 }
 
@@ -185,20 +177,9 @@ int peer_dies(nodal::Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  nodal::Context ctx = nodal::init();
-  g_rank = ctx.rank();
-  nodal::Communicator comm = ctx.world();
-  const std::string mode = argc > 1 ? argv[1] : "";
-  try {
-    if (mode == "results") return results(comm);
-    if (mode == "mismatch") return mismatch_then_usable(comm);
-    if (mode == "timeout") return timeout(comm);
-    if (mode == "bad_args") return bad_args(comm);
-    if (mode == "peer_dies") return peer_dies(comm);
-  } catch (const std::exception& e) {
-    fail(std::string("exception: ") + e.what());
-  }
-  std::fprintf(stderr, "nonblocking_program: unknown mode '%s'\n", mode.c_str());
-  return 64;
+  return nodal::testing::run_mode(argc, argv, "nonblocking_program", {{"results", results},
+{"mismatch", mismatch_then_usable},
+{"timeout", timeout},
+{"bad_args", bad_args},
+{"peer_dies", peer_dies}});
 }

@@ -13,6 +13,8 @@
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
 
+#include "../support/rank_checks.hpp"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,19 +29,9 @@ using nodal::DType;
 using nodal::ReduceOp;
 using nodal::Tensor;
 
-int g_rank = 0;
-long g_checks = 0;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
-  std::fflush(stdout);
-  std::_Exit(1);
-}
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) fail(what);
-  ++g_checks;
-}
+using nodal::testing::expect;
+using nodal::testing::fail;
+using nodal::testing::g_checks;
 
 /// Element i of rank r's data: exact in f32 and bf16 sums of a few ranks (small integers).
 double value(int r, std::size_t i) { return static_cast<double>(r * 8 + static_cast<int>(i % 13)); }
@@ -208,18 +200,7 @@ int bad_args(nodal::Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  nodal::Context ctx = nodal::init();
-  g_rank = ctx.rank();
-  nodal::Communicator comm = ctx.world();
-  const std::string mode = argc > 1 ? argv[1] : "";
-  try {
-    if (mode == "results") return results(comm);
-    if (mode == "mismatch") return mismatch(comm);
-    if (mode == "bad_args") return bad_args(comm);
-  } catch (const std::exception& e) {
-    fail(std::string("exception: ") + e.what());
-  }
-  std::fprintf(stderr, "vector_program: unknown mode '%s'\n", mode.c_str());
-  return 64;
+  return nodal::testing::run_mode(argc, argv, "vector_program", {{"results", results},
+{"mismatch", mismatch},
+{"bad_args", bad_args}});
 }
