@@ -7,7 +7,8 @@
 #   -r  rounds (default 5); the tables show the median over rounds
 #   -b  an existing build directory (default: build/release, configured and built with the preset)
 #   -l  libs, comma list of nodal, nodal-arena, openmpi, mpich, gloo (default: all five)
-#   -o  ops, comma list (default allreduce,broadcast,allgather); -n ranks (default "2 4")
+#   -o  ops, comma list (default: all eight, allreduce,broadcast,allgather,reduce_scatter,alltoall,
+#       reduce,gather,scatter); -n ranks (default "2 4")
 #   -t  back_to_back (default) or barrier: the timing loop (bench/collective_bench.hpp)
 #   -s, -m  per-rank message sizes, powers of two from -s (default 4) to -m (default 64M)
 #
@@ -36,13 +37,13 @@ command_line="bench/compare.sh$(printf ' %q' "$@")"
 rounds=5
 build=""
 libs=nodal,nodal-arena,openmpi,mpich,gloo
-ops=allreduce,broadcast,allgather
+ops=allreduce,broadcast,allgather,reduce_scatter,alltoall,reduce,gather,scatter
 ranks="2 4"
 timing=back_to_back
 min_bytes=4
 max_bytes=64M
 usage() {
-  sed -n '3,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 while getopts "r:b:l:o:n:t:s:m:h" opt; do
