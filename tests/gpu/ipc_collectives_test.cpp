@@ -55,13 +55,7 @@ ChildResult run_ipc(int n, const std::vector<std::string>& args, int timeout_s) 
   return run(nodalrun_command(argv), std::chrono::seconds(timeout_s + 30));
 }
 
-int ok_ranks(const std::string& out) {
-  static const std::regex line(R"(rank \d+ ok \d+ checks in \d+ ms \(cuda_ipc\))");
-  int ranks = 0;
-  for (const std::string& l : lines_of(out))
-    if (std::regex_search(l, line)) ++ranks;
-  return ranks;
-}
+int ok_ranks(const std::string& out) { return count_lines(out, R"(rank \d+ ok \d+ checks in \d+ ms \(cuda_ipc\))"); }
 
 class IpcMatrix : public ::testing::TestWithParam<int> {};
 

@@ -16,14 +16,6 @@ using namespace std::chrono_literals;
 
 const std::string kProgram = NODAL_TEST_VECTOR_PROGRAM;
 
-int count_lines(const std::string& out, const std::string& pattern) {
-  const std::regex re(pattern);
-  int n = 0;
-  for (const std::string& line : lines_of(out))
-    if (std::regex_search(line, re)) ++n;
-  return n;
-}
-
 class VectorCollectives : public ::testing::TestWithParam<int> {};
 
 TEST_P(VectorCollectives, EveryVariantMatchesItsReference) {

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -146,6 +147,14 @@ std::vector<std::string> lines_of(const std::string& text) {
   std::string line;
   while (std::getline(in, line)) lines.push_back(line);
   return lines;
+}
+
+int count_lines(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  int n = 0;
+  for (const std::string& line : lines_of(text))
+    if (std::regex_search(line, re)) ++n;
+  return n;
 }
 
 std::map<int, pid_t> ready_ranks(const std::string& out) {

@@ -65,5 +65,7 @@ std::vector<pid_t> ready_pids(const std::string& out);
 
 /// Lines of a text, without their '\n'.
 std::vector<std::string> lines_of(const std::string& text);
+/// How many lines of `text` contain a match of the ECMAScript regex `pattern`.
+int count_lines(const std::string& text, const std::string& pattern);
 
 }  // namespace nodal::testing
