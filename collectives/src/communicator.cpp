@@ -22,6 +22,8 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
+#include <chrono>
+#include <thread>
 #include <numeric>
 #include <tuple>
 
@@ -90,13 +92,18 @@ std::size_t numel(const Tensor& t) { return static_cast<std::size_t>(t.numel());
 
 /// Runs `body` now, or, while calls are queued on the communicator's progress thread (it made a
 /// non-blocking call), queued behind them, and waits for it: calls run in the order they were made.
-/// `body` is copied into the queue (it must not refer to the caller's frame: the wait ends early
-/// when the job fails, and the queued call then throws PeerFailure before it touches anything).
+/// The call may write the caller's buffers, so this returns only once it has ended, also when the
+/// job failed meanwhile (then the call itself stops promptly: every wait in it checks the abort word).
 template <class Body>
 void in_call_order(detail::CommState& c, const char* what, Body body) {
   if (!c.worker || c.worker->on_this_thread() || c.worker->idle()) return body();
   auto work = c.worker->submit(std::move(body), fmt::format("{} on communicator '{}'", what, c.name));
-  detail::wait_work(*work, std::nullopt);
+  try {
+    detail::wait_work(*work, std::nullopt);
+  } catch (...) {
+    while (!work->done.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    throw;
+  }
 }
 
 std::shared_ptr<detail::CommState>& world_state() {
@@ -240,6 +247,7 @@ CollCall barrier_call() { return CollCall{CollKind::barrier, nullptr, nullptr, 0
 struct OpenBackends {
   std::mutex mutex;
   std::vector<std::weak_ptr<detail::GpuBackend>> backends;
+  bool closed = false;  ///< finalize ran: a backend opened later is closed at once
 };
 OpenBackends& open_backends() {
   static auto* open = [] {
@@ -251,6 +259,7 @@ OpenBackends& open_backends() {
         for (auto& weak : o->backends)
           if (auto backend = weak.lock()) live.push_back(std::move(backend));
         o->backends.clear();
+        o->closed = true;
       }
       for (auto& backend : live) backend->close();
     });
@@ -290,7 +299,12 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   c.gpu_device = device;
   {
     OpenBackends& open = open_backends();
-    std::lock_guard lock(open.mutex);
+    std::unique_lock lock(open.mutex);
+    if (open.closed) {  // finalize ran while this one opened
+      lock.unlock();
+      c.gpu->close();
+      refuse_after_finalize(c);
+    }
     open.backends.push_back(c.gpu);
   }
   detail::finalize_at_exit();  // after the backend's CUDA and NCCL set-up: runs before their teardown
@@ -756,7 +770,11 @@ void Communicator::send(const Tensor& tensor, int peer) {
   check_tensor(tensor, "send", "input");
   if (tensor.device().kind == Device::Kind::cpu) return send(tensor.data(), numel(tensor), tensor.dtype(), peer);
   check_peer(c, peer, "send");
-  p2p_backend(c, tensor.device(), "send").send(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
+  // Behind pending GPU calls: they may be opening the backend this one uses.
+  in_call_order(c, "send", [state = state_, tensor, peer] {
+    p2p_backend(*state, tensor.device(), "send")
+        .send(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
+  });
 }
 
 void Communicator::recv(Tensor& tensor, int peer) {
@@ -764,7 +782,10 @@ void Communicator::recv(Tensor& tensor, int peer) {
   check_tensor(tensor, "recv", "output");
   if (tensor.device().kind == Device::Kind::cpu) return recv(tensor.data(), numel(tensor), tensor.dtype(), peer);
   check_peer(c, peer, "recv");
-  p2p_backend(c, tensor.device(), "recv").recv(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
+  in_call_order(c, "recv", [state = state_, tensor, peer] {
+    p2p_backend(*state, tensor.device(), "recv")
+        .recv(tensor.data(), numel(tensor), tensor.dtype(), peer, cuda::current_stream());
+  });
 }
 
 std::vector<AlgorithmRule> Communicator::algorithm_table() {

@@ -74,9 +74,9 @@ void finalize() {
     std::lock_guard lock(h.mutex);
     if (h.done) return;
     h.done = true;
+    detail::g_finalized.store(true, std::memory_order_release);  // under the lock: no hook misses it
     pending = std::move(h.pending);
   }
-  detail::g_finalized.store(true, std::memory_order_release);
   for (auto it = pending.rbegin(); it != pending.rend(); ++it) detail::run_hook(*it);
 }
 

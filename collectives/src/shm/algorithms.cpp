@@ -131,15 +131,17 @@ class Call {
 
   void run() {
     check_job_alive();
-    seq_ = ++c_.seq;
     if (is_vector(call_.kind)) {
-      staged_ = stage_vector_call(c_, call_, seq_);
+      // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
+      staged_ = stage_vector_call(c_, call_, c_.seq + 1);
+      seq_ = ++c_.seq;
       publish_header(false);
       exchange_headers();
       c_.last_algorithm.store("staged", std::memory_order_relaxed);
       finish_vector_call(c_, call_, seq_);
       return;
     }
+    seq_ = ++c_.seq;
     const bool small_fits = largest_contribution(call_, n_) <= c_.config.small_max;
     const Forced forced = forced_algorithm(call_.kind);
     const bool small = !call_.on_gpu && small_fits && (forced == Forced::none || forced == Forced::small);
