@@ -96,7 +96,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   const std::size_t slot_bytes = state->config.slot_bytes();
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
-  const std::size_t total = header_bytes + progress_bytes + n * 2 * slot_bytes;
+  const std::size_t total = header_bytes + progress_bytes + n * kSlotDepth * slot_bytes;
   std::string object = "nodal.comm:" + state->name;
   auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
     std::memset(where, 0, total);

@@ -45,9 +45,17 @@ struct CallHeader {
   std::uint64_t output_offset;
   std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
   std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
+  /// A hash of this rank's calls since the last call every member checked against every other
+  /// (shm/call.hpp "History"): equal on every rank unless an earlier rooted call did not match.
+  std::uint32_t history;
 };
 constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
 static_assert(sizeof(CallHeader) <= kInlineOffset);
+
+/// Slots per rank: a rank writes its slot of call k once every peer has finished call k - kSlotDepth
+/// (shm/call.hpp "Credits"), so the root of a small rooted call runs up to kSlotDepth - 1 calls
+/// ahead of its slowest receiver.
+constexpr std::uint64_t kSlotDepth = 4;
 
 /// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
 /// Values are step_flag(seq, step): they only grow over the communicator's life.
@@ -55,6 +63,10 @@ struct alignas(kCacheLine) Progress {
   alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};    ///< my staged data of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
+  /// A call this rank has finished, published at the end of small rooted calls and of mismatched
+  /// ones (a rank's header of call k says as much for k - 1: shm/call.cpp peer_done): it reads
+  /// nothing of that call or earlier ones any more.
+  alignas(kCacheLine) std::atomic<std::uint64_t> done{0};
   /// Written once when the rank opens the communicator, before its first header. The line also
   /// keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
   alignas(kCacheLine) std::int32_t pid = 0;
@@ -94,11 +106,14 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::vector<int> global_ranks;
   CommConfig config{};
   SharedComm* shared = nullptr;
-  std::byte* slots = nullptr;       ///< [rank][parity] slots of slot_bytes
+  std::byte* slots = nullptr;       ///< [rank][call % kSlotDepth] slots of slot_bytes
   Progress* progress = nullptr;     ///< [rank]
   std::byte* stages = nullptr;      ///< [rank][ring_depth] * chunk_bytes (pipelined path)
   std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
   std::uint64_t seq = 0;            ///< collective calls made so far
+  std::uint64_t known_done = 0;     ///< every peer's Progress::done is at least this (credits)
+  std::uint32_t history = 0;        ///< CallHeader::history of the next call
+  std::uint64_t history_since = 1;  ///< the first call `history` covers
   int splits = 0;                   ///< split() calls made so far
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
@@ -115,7 +130,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::size_t vector_capacity[2] = {0, 0};
 
   CallHeader& header(int r, std::uint64_t call) const {
-    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * 2 + (call & 1)) * config.slot_bytes());
+    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * kSlotDepth + call % kSlotDepth) *
+                                                      config.slot_bytes());
   }
   std::byte* inline_data(int r, std::uint64_t call) const {
     return reinterpret_cast<std::byte*>(&header(r, call)) + kInlineOffset;

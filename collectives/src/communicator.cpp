@@ -1,5 +1,5 @@
 // nodal::Communicator: checks each call's arguments on this rank, then hands it to the
-// shared-memory algorithms (shm/algorithms.cpp), or for cuda tensors has the shared-memory path
+// shared-memory algorithms (shm/call.hpp), or for cuda tensors has the shared-memory path
 // check that every rank made the same call and hands the data to the GPU backend (gpu_backend.hpp).
 #include <nodal/communicator.hpp>
 
@@ -8,6 +8,7 @@
 #include "gpu_path.hpp"
 #include "progress.hpp"
 #include "reduce_kernels.hpp"
+#include "shm/algorithm_table.hpp"
 #include "shm/algorithms.hpp"
 
 #include <nodal/context.hpp>
@@ -788,27 +789,6 @@ void Communicator::recv(Tensor& tensor, int peer) {
   });
 }
 
-std::vector<AlgorithmRule> Communicator::algorithm_table() {
-  const auto& config = detail::comm_config();
-  std::string forced = detail::getenv_or_empty("NODAL_ALLREDUCE_ALGO");
-  if (forced.empty()) forced = detail::getenv_or_empty("NODAL_ALGO");
-  std::vector<AlgorithmRule> table;
-  for (const char* op : {"allreduce", "reduce", "reduce_scatter", "broadcast", "allgather", "gather", "scatter",
-                         "alltoall"}) {
-    std::string mine = std::string(op) == "allreduce" || forced == detail::getenv_or_empty("NODAL_ALGO") ? forced : "";
-    if (mine.empty() || mine == "auto") {
-      table.push_back({op, config.small_max, "small"});
-      const bool copy = std::string(op) != "allreduce" && std::string(op) != "reduce" && std::string(op) != "reduce_scatter";
-      table.push_back({op, SIZE_MAX,
-                       copy ? "in_place if every rank's buffers are in the arena, else cma from 64 KiB where allowed, "
-                              "else pipelined"
-                            : "in_place if every rank's buffers are in the arena, else pipelined"});
-    } else {
-      table.push_back({op, SIZE_MAX, mine + " (forced; small only up to " + detail::format_bytes(config.small_max) +
-                                         ", in_place only with arena buffers)"});
-    }
-  }
-  return table;
-}
+std::vector<AlgorithmRule> Communicator::algorithm_table() { return detail::describe_algorithm_table(detail::comm_config()); }
 
 }  // namespace nodal

@@ -300,6 +300,10 @@ TEST_P(Errors, MismatchedArgumentsThrowUsageErrorOnEveryRankAndTheCommunicatorSt
   EXPECT_GE(cases[0], 40);
   // Messages say what was wrong: the first case is a count mismatch.
   EXPECT_TRUE(contains(r.out, "case allreduce count 8 vs 9: UsageError: ")) << r.out;
+  // Both roots of "broadcast root 0 vs 1" are senders of a small rooted call, which check nothing:
+  // rank 0 learns of it at its next call, from the history of calls in the headers.
+  EXPECT_TRUE(contains(r.out, "rank 0 case broadcast root 0 vs 1: UsageError at the next call: ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "but their calls since call")) << r.out;
 }
 
 TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
@@ -320,6 +324,13 @@ TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
       EXPECT_TRUE(contains(r.out, prefix + ", later call: UsageError: ")) << prefix << "\n" << r.out;
     }
   }
+}
+
+TEST_P(Errors, SmallRootedCallsLetSendersRunAheadWithEveryResultRight) {
+  int n = GetParam();
+  ChildResult r = run_coll(n, {"rooted", "iters=20000"}, {}, 200);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(rank \d+ rooted ok 20000 calls)"), n) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),

@@ -22,7 +22,11 @@
 //             matrix (same options) on groups of color rank % 3, all groups at once.
 //   stress    iters=N back-to-back small allreduces, every result checked.
 //   mismatch  mismatched count/dtype/op/root across ranks and invalid arguments: UsageError on every
-//             rank, and the communicator still works after each case.
+//             rank (for small broadcast, scatter, gather and reduce, whose senders check nothing, at
+//             the call or the next one), and the communicator still works after each case.
+//   rooted    iters=N small broadcast/scatter/gather/reduce calls with rotating roots, between
+//             allreduces, ranks pausing at random so senders run ahead of receivers; every result
+//             checked; then senders run ahead while their receivers sleep.
 //   mismatch_kind  ranks call different collectives: UsageError on every rank.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
 //   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|split victim=R delay_ms=N
@@ -49,6 +53,7 @@
 #include <nodal/sync.hpp>
 #include <nodal/tensor.hpp>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -1110,6 +1115,90 @@ int stress(const nodal::Context& ctx, const Options& o) {
   return 0;
 }
 
+// ---- Small rooted calls: senders post and return (credits keep them kSlotDepth - 1 calls ahead). ----
+
+int rooted(const nodal::Context& ctx, const Options& o) {
+  Communicator world = ctx.world();
+  const long iters = o.get("iters", 20000);
+  const int n = world.world_size(), r = world.rank();
+  std::mt19937_64 calls(12345);           // the same sequence of calls on every rank
+  std::mt19937_64 pauses(777 + static_cast<unsigned>(r));  // this rank's own pauses
+  const int most = 16;
+  std::vector<std::int32_t> in(static_cast<std::size_t>(most * n)), out(static_cast<std::size_t>(most * n));
+  auto value = [](long k, int rank, int i) { return static_cast<std::int32_t>((k * 131 + rank * 17 + i) & 0xFFFFF); };
+  auto expect = [&](long k, const char* what, std::int32_t got, std::int32_t wanted, int i) {
+    if (got != wanted) fail(format("rooted call %ld (%s): element %d expected %d got %d", k, what, i, wanted, got));
+  };
+  for (long k = 0; k < iters; ++k) {
+    const int kind = static_cast<int>(calls() % 9);
+    const int root = static_cast<int>(calls() % static_cast<unsigned>(n));
+    const int count = 1 + static_cast<int>(calls() % most);
+    const auto c = static_cast<std::size_t>(count);
+    if (pauses() % 32 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // peers run ahead
+    if (kind <= 1) {  // broadcast
+      for (int i = 0; i < count; ++i) in[i] = r == root ? value(k, root, i) : -1;
+      world.broadcast(in.data(), c, DType::i32, root);
+      for (int i = 0; i < count; ++i) expect(k, "broadcast", in[i], value(k, root, i), i);
+    } else if (kind <= 3) {  // scatter
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < count; ++i) in[j * count + i] = r == root ? value(k, j, i) : -1;
+      world.scatter(in.data(), out.data(), c, DType::i32, root);
+      for (int i = 0; i < count; ++i) expect(k, "scatter", out[i], value(k, r, i), i);
+    } else if (kind <= 5) {  // gather
+      for (int i = 0; i < count; ++i) in[i] = value(k, r, i);
+      std::fill(out.begin(), out.end(), -1);
+      world.gather(in.data(), out.data(), c, DType::i32, root);
+      if (r == root) {
+        for (int j = 0; j < n; ++j)
+          for (int i = 0; i < count; ++i) expect(k, "gather", out[j * count + i], value(k, j, i), i);
+      }
+    } else if (kind <= 7) {  // reduce
+      for (int i = 0; i < count; ++i) in[i] = value(k, r, i);
+      world.reduce(in.data(), out.data(), c, DType::i32, ReduceOp::sum, root);
+      if (r == root) {
+        for (int i = 0; i < count; ++i) {
+          std::int32_t sum = 0;
+          for (int j = 0; j < n; ++j) sum += value(k, j, i);
+          expect(k, "reduce", out[i], sum, i);
+        }
+      }
+    } else {  // a lockstep call in between
+      for (int i = 0; i < count; ++i) in[i] = value(k, r, i);
+      world.allreduce(in.data(), out.data(), c, DType::i32, ReduceOp::max);
+      for (int i = 0; i < count; ++i) {
+        std::int32_t top = value(k, 0, i);
+        for (int j = 1; j < n; ++j) top = std::max(top, value(k, j, i));
+        expect(k, "allreduce", out[i], top, i);
+      }
+    }
+  }
+  // Senders run ahead of receivers that sleep: kSlotDepth - 1 = 3 calls return at once.
+  auto ahead = [&](bool sender, const std::function<void(int)>& call) {
+    world.barrier();
+    auto start = Clock::now();
+    if (!sender) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    for (int k = 0; k < 3; ++k) call(k);
+    double ms = ms_since(start);
+    if (sender && ms > 250) fail(format("3 small rooted calls took %.0f ms while their receivers slept 600 ms", ms));
+    return ms;
+  };
+  std::int32_t x[2];
+  double broadcast_ms = ahead(r == 0, [&](int k) {
+    x[0] = r == 0 ? 1000 + k : -1;
+    world.broadcast(x, 1, DType::i32, 0);
+    expect(k, "broadcast ahead", x[0], 1000 + k, 0);
+  });
+  double gather_ms = ahead(r != 0, [&](int k) {
+    x[0] = 2000 + k * n + r;
+    world.gather(x, out.data(), 1, DType::i32, 0);
+    for (int j = 0; r == 0 && j < n; ++j) expect(k, "gather ahead", out[j], 2000 + k * n + j, j);
+  });
+  checked_allreduce(world, 4321, 1000, "allreduce after the rooted calls");
+  std::printf("rank %d rooted ok %ld calls; 3 calls ahead: broadcast %.0f ms, gather %.0f ms\n", r, iters,
+              broadcast_ms, gather_ms);
+  return 0;
+}
+
 // ---- Errors the caller causes. ----
 
 class CaseRunner {
@@ -1134,6 +1223,33 @@ class CaseRunner {
     }
     if (outcome != "UsageError") fail(format("case %s: expected UsageError, got %s", name.c_str(), outcome.c_str()));
     std::printf("rank %d case %s: UsageError: %s\n", global_, name.c_str(), last_message_.c_str());
+    std::fflush(stdout);
+    checked_allreduce(comm_, cases_, 1 + static_cast<std::size_t>(cases_ % 5) * 997, "allreduce after case " + name);
+    ++cases_;
+  }
+  /// For small rooted calls (broadcast, scatter, gather, reduce), whose senders post and return
+  /// without checking: `call` or the next collective call (a small allreduce) throws UsageError on
+  /// every rank; then a checked allreduce: the communicator works.
+  template <class F>
+  void expect_usage_error_by_next_call(const std::string& name, F&& call) {
+    auto usage_error = [&](auto&& f) -> std::string {
+      try {
+        f();
+        return "";
+      } catch (const nodal::UsageError& e) {
+        return e.what();
+      } catch (const std::exception& e) {
+        fail(format("case %s: expected UsageError, got another exception: %s", name.c_str(), e.what()));
+      }
+    };
+    std::string at_call = usage_error(call);
+    float x = 1.0f;
+    std::string at_next = usage_error([&] { comm_.allreduce(&x, &x, 1, DType::f32); });
+    if (at_call.empty() && at_next.empty()) {
+      fail(format("case %s: no UsageError, neither from the call nor from the next one", name.c_str()));
+    }
+    std::printf("rank %d case %s: UsageError at the %s: %s\n", global_, name.c_str(),
+                at_call.empty() ? "next call" : "call", (at_call.empty() ? at_next : at_call).c_str());
     std::fflush(stdout);
     checked_allreduce(comm_, cases_, 1 + static_cast<std::size_t>(cases_ % 5) * 997, "allreduce after case " + name);
     ++cases_;
@@ -1175,26 +1291,26 @@ int mismatch(const nodal::Context& ctx) {
                            [&] { world.allreduce(in, out, 8, DType::f32, odd_one ? ReduceOp::max : ReduceOp::sum); });
   cases.expect_usage_error("allreduce op large prod vs min (rank 0 differs)",
                            [&] { world.allreduce(in, out, big, DType::i64, r == 0 ? ReduceOp::min : ReduceOp::prod); });
-  cases.expect_usage_error("reduce root 0 vs 1",
+  cases.expect_usage_error_by_next_call("reduce root 0 vs 1",
                            [&] { world.reduce(in, out, 8, DType::f32, ReduceOp::sum, odd_one ? 1 : 0); });
-  cases.expect_usage_error("reduce op",
+  cases.expect_usage_error_by_next_call("reduce op",
                            [&] { world.reduce(in, out, 8, DType::f32, odd_one ? ReduceOp::avg : ReduceOp::sum, 0); });
   cases.expect_usage_error("reduce count large",
                            [&] { world.reduce(in, out, odd_one ? big - 1 : big, DType::u8, ReduceOp::max, 0); });
-  cases.expect_usage_error("broadcast root 0 vs 1", [&] { world.broadcast(in, 8, DType::i64, odd_one ? 1 : 0); });
+  cases.expect_usage_error_by_next_call("broadcast root 0 vs 1", [&] { world.broadcast(in, 8, DType::i64, odd_one ? 1 : 0); });
   cases.expect_usage_error("broadcast count large",
                            [&] { world.broadcast(in, odd_one ? big + 2 : big, DType::i64, 0); });
-  cases.expect_usage_error("broadcast dtype", [&] { world.broadcast(in, 8, odd_one ? DType::u8 : DType::i8, 0); });
+  cases.expect_usage_error_by_next_call("broadcast dtype", [&] { world.broadcast(in, 8, odd_one ? DType::u8 : DType::i8, 0); });
   cases.expect_usage_error("allgather count", [&] { world.allgather(in, out, odd_one ? 3 : 4, DType::f32); });
   cases.expect_usage_error("allgather dtype", [&] { world.allgather(in, out, 4, odd_one ? DType::f64 : DType::i64); });
   cases.expect_usage_error("reduce_scatter count", [&] { world.reduce_scatter(in, out, odd_one ? 5 : 4, DType::f32); });
   cases.expect_usage_error("reduce_scatter op", [&] {
     world.reduce_scatter(in, out, 4, DType::f32, odd_one ? ReduceOp::prod : ReduceOp::sum);
   });
-  cases.expect_usage_error("gather root", [&] { world.gather(in, out, 4, DType::f32, odd_one ? 1 : 0); });
-  cases.expect_usage_error("gather count", [&] { world.gather(in, out, odd_one ? 5 : 4, DType::f32, 0); });
-  cases.expect_usage_error("scatter root", [&] { world.scatter(in, out, 4, DType::f32, odd_one ? 1 : 0); });
-  cases.expect_usage_error("scatter count", [&] { world.scatter(in, out, odd_one ? 5 : 4, DType::f32, 0); });
+  cases.expect_usage_error_by_next_call("gather root", [&] { world.gather(in, out, 4, DType::f32, odd_one ? 1 : 0); });
+  cases.expect_usage_error_by_next_call("gather count", [&] { world.gather(in, out, odd_one ? 5 : 4, DType::f32, 0); });
+  cases.expect_usage_error_by_next_call("scatter root", [&] { world.scatter(in, out, 4, DType::f32, odd_one ? 1 : 0); });
+  cases.expect_usage_error_by_next_call("scatter count", [&] { world.scatter(in, out, odd_one ? 5 : 4, DType::f32, 0); });
   cases.expect_usage_error("alltoall count", [&] { world.alltoall(in, out, odd_one ? 2 : 1, DType::f32); });
   {
     // Shared tensors (the in_place algorithm), numel differing.
@@ -1538,6 +1654,8 @@ int main(int argc, char** argv) {
     rc = split_mode(ctx, options);
   else if (mode == "stress")
     rc = stress(ctx, options);
+  else if (mode == "rooted")
+    rc = rooted(ctx, options);
   else if (mode == "mismatch")
     rc = mismatch(ctx);
   else if (mode == "mismatch_kind")

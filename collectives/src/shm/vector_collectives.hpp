@@ -7,9 +7,8 @@
 // exchange every rank reads the peers' counts, checks that they agree, and copies (or reduces)
 // what it receives straight out of the peers' areas. Two copies per byte (the fixed-size calls
 // read peers' buffers in place or by cross-memory attach: one), and no per-size tuning yet.
-// Reusing an area is safe for the reason every shared buffer is (algorithms.cpp): the area of
-// parity k % 2 was last read in call k - 2, and a rank in call k has seen every header of call
-// k - 1.
+// Reusing an area is safe by credits (shm/call.hpp): the area of parity k % 2 was last read in
+// call k - 2, and a rank stages call k once every peer has finished call k - 2.
 #pragma once
 
 #include "shm/algorithms.hpp"

@@ -1,0 +1,88 @@
+#include "shm/algorithm_table.hpp"
+
+#include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/units.hpp>
+
+#include <string>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+/// An algorithm forced by the environment, or automatic choice.
+enum class Forced { none, small, pipelined, in_place };
+
+Forced parse_forced(const char* variable) {
+  std::string value = getenv_or_empty(variable);
+  if (value.empty() || value == "auto") return Forced::none;
+  if (value == "small") return Forced::small;
+  if (value == "pipelined") return Forced::pipelined;
+  if (value == "in_place") return Forced::in_place;
+  throw UsageError(fmt::format("{}='{}': use auto, small, pipelined or in_place", variable, value));
+}
+
+/// NODAL_ALLREDUCE_ALGO for allreduce, else NODAL_ALGO (read once).
+Forced forced_algorithm(CollKind kind) {
+  static const Forced all = parse_forced("NODAL_ALGO");
+  static const Forced allreduce = parse_forced("NODAL_ALLREDUCE_ALGO");
+  return kind == CollKind::allreduce && allreduce != Forced::none ? allreduce : all;
+}
+
+bool is_rooted(const std::string& op) { return op == "broadcast" || op == "scatter" || op == "gather" || op == "reduce"; }
+
+}  // namespace
+
+const char* algorithm_name(Algorithm algorithm) noexcept {
+  switch (algorithm) {
+    case Algorithm::small: return "small";
+    case Algorithm::pipelined: return "pipelined";
+    case Algorithm::in_place: return "in_place";
+    case Algorithm::cma: return "cma";
+  }
+  return "?";
+}
+
+bool is_reduction(CollKind kind) noexcept {
+  return kind == CollKind::allreduce || kind == CollKind::reduce || kind == CollKind::reduce_scatter ||
+         kind == CollKind::reduce_scatterv;
+}
+
+bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const CommConfig& config) {
+  const Forced forced = forced_algorithm(kind);
+  return !on_gpu && largest_bytes <= config.small_max && (forced == Forced::none || forced == Forced::small);
+}
+
+Algorithm large_algorithm(CollKind kind, bool all_in_arena, bool cma_usable) {
+  const Forced forced = forced_algorithm(kind);
+  if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
+  if (!is_reduction(kind) && forced == Forced::none && cma_usable) return Algorithm::cma;
+  return Algorithm::pipelined;
+}
+
+std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
+  std::vector<AlgorithmRule> table;
+  for (CollKind kind : {CollKind::allreduce, CollKind::reduce, CollKind::reduce_scatter, CollKind::broadcast,
+                        CollKind::allgather, CollKind::gather, CollKind::scatter, CollKind::alltoall}) {
+    const std::string op = coll_kind_name(kind);
+    const char* variable = kind == CollKind::allreduce && !getenv_or_empty("NODAL_ALLREDUCE_ALGO").empty()
+                               ? "NODAL_ALLREDUCE_ALGO"
+                               : "NODAL_ALGO";
+    const Forced forced = forced_algorithm(kind);
+    if (forced == Forced::none) {
+      table.push_back({op, config.small_max, is_rooted(op) ? "small (the sender posts and returns)" : "small"});
+      table.push_back({op, SIZE_MAX,
+                       is_reduction(kind) ? "in_place if every rank's buffers are in the arena, else pipelined"
+                                          : "in_place if every rank's buffers are in the arena, else cma from " +
+                                                format_bytes(kCmaMinBytes) + " where allowed, else pipelined"});
+    } else {
+      table.push_back({op, SIZE_MAX,
+                       getenv_or_empty(variable) + " (forced by " + variable + "; small only up to " +
+                           format_bytes(config.small_max) + ", in_place only with arena buffers)"});
+    }
+  }
+  return table;
+}
+
+}  // namespace nodal::detail

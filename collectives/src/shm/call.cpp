@@ -1,0 +1,269 @@
+// The protocol of a shared-memory call (shm/call.hpp): header, credits, lockstep or rooted, and
+// mismatches. The data moves in the algorithms' files.
+#include "shm/call.hpp"
+
+#include "shm/vector_collectives.hpp"
+
+#include <nodal/errors.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+/// The largest slot contribution of any rank: the same number on every rank.
+std::size_t largest_contribution(const CollCall& call, int world_size) {
+  std::size_t most = 0;
+  for (int r = 0; r < world_size; ++r) most = std::max(most, contribution_bytes(call, world_size, r));
+  return most;
+}
+
+/// Small broadcast, scatter, gather and reduce: one-directional (shm/call.hpp).
+bool is_rooted(CollKind kind) {
+  return kind == CollKind::broadcast || kind == CollKind::scatter || kind == CollKind::gather ||
+         kind == CollKind::reduce;
+}
+
+/// The two headers describe the same call (the v-variants' own counts differ by design:
+/// finish_vector_call checks them against each other).
+bool same_call(const CallHeader& a, const CallHeader& b) {
+  return a.kind == b.kind && (a.count == b.count || is_vector(a.kind)) && a.dtype == b.dtype && a.root == b.root &&
+         a.on_gpu == b.on_gpu && (!is_reduction(a.kind) || a.op == b.op);
+}
+
+/// `history` extended by the call `h` describes (splitmix64's finaliser, folded to 32 bits).
+std::uint32_t with_call(std::uint32_t history, const CallHeader& h) {
+  std::uint64_t x = static_cast<std::uint64_t>(h.kind) | static_cast<std::uint64_t>(h.dtype) << 8 |
+                    static_cast<std::uint64_t>(is_reduction(h.kind) ? h.op : ReduceOp::sum) << 16 |
+                    static_cast<std::uint64_t>(h.on_gpu) << 24 | static_cast<std::uint64_t>(static_cast<std::uint32_t>(h.root)) << 32;
+  x ^= (is_vector(h.kind) ? 0 : h.count) * 0x9e3779b97f4a7c15ULL;
+  x ^= static_cast<std::uint64_t>(history) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return static_cast<std::uint32_t>(x ^ (x >> 32));
+}
+
+std::string describe(const CallHeader& h) {
+  std::string text = fmt::format("{}(count={}, dtype={}", coll_kind_name(h.kind), h.count, dtype_name(h.dtype));
+  if (is_reduction(h.kind)) text += fmt::format(", op={}", reduce_op_name(h.op));
+  if (h.root >= 0) text += fmt::format(", root={}", h.root);
+  if (h.on_gpu) text += ", on cuda tensors";
+  return text + ")";
+}
+
+}  // namespace
+
+void run_collective(CommState& comm, const CollCall& call) { Call(comm, call).run(); }
+
+void Call::run() {
+  check_job_alive();
+  seq_ = c_.seq + 1;
+  const bool vector = is_vector(call_.kind);
+  const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest_contribution(call_, n_), c_.config);
+  await_credit(vector ? 2 : kSlotDepth);
+  // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
+  if (vector) staged_ = stage_vector_call(c_, call_, seq_);
+  c_.seq = seq_;
+  publish_header(small);
+  if (small && is_rooted(call_.kind)) {
+    run_rooted_small();
+  } else {
+    run_lockstep(small);
+  }
+}
+
+void Call::publish_done() { publish(c_, progress(r_).done, seq_); }
+
+std::uint64_t Call::peer_done(int j, std::uint64_t need) const {
+  std::uint64_t latest = progress(j).done.load(std::memory_order_acquire);
+  if (latest >= need) return latest;
+  // A header of call k is published once its rank finished k - 1 (lockstep calls publish no `done`:
+  // a store per call costs them ~10 % at 4 bytes).
+  for (std::uint64_t slot = 0; slot < kSlotDepth; ++slot) {
+    const std::uint64_t header = c_.header(j, slot).seq.load(std::memory_order_acquire);
+    if (header > 0) latest = std::max(latest, header - 1);
+  }
+  return latest;
+}
+
+void Call::await_credit(std::uint64_t depth) {
+  if (seq_ <= depth || n_ == 1) return;
+  const std::uint64_t need = seq_ - depth;
+  if (c_.known_done >= need) return;
+  std::uint64_t least = 0;
+  wait_until(
+      c_.shared->word,
+      [&] {
+        least = std::numeric_limits<std::uint64_t>::max();
+        for (int j = 0; j < n_; ++j) {
+          if (j != r_) least = std::min(least, peer_done(j, need));
+        }
+        return least >= need;
+      },
+      Deadline{}, "collective");
+  c_.known_done = least;
+}
+
+void Call::publish_header(bool small) {
+  CallHeader& h = c_.header(r_, seq_);
+  if (small) {
+    std::size_t n = contribution_bytes(call_, n_, r_);
+    if (n != 0) std::memcpy(c_.inline_data(r_, seq_), call_.input, n);
+  }
+  h.kind = call_.kind;
+  h.dtype = call_.dtype;
+  h.op = call_.op;
+  h.root = call_.root;
+  h.count = call_.count;
+  Arena& arena = *c_.arena;
+  const bool vector = is_vector(call_.kind);
+  h.in_arena = vector || (call_.input != nullptr && arena.contains(call_.input));
+  h.input_offset = vector       ? staged_
+                   : h.in_arena ? arena.offset_of(call_.input)
+                                : reinterpret_cast<std::uintptr_t>(call_.input);
+  h.out_arena = call_.output != nullptr && arena.contains(call_.output);
+  h.output_offset = h.out_arena ? arena.offset_of(call_.output) : 0;
+  h.on_gpu = call_.on_gpu;
+  h.history = c_.history;
+  publish(c_, h.seq, seq_);
+}
+
+bool Call::matches(const CallHeader& theirs) const {
+  const CallHeader& mine = c_.header(r_, seq_);
+  return same_call(mine, theirs) && mine.history == theirs.history;
+}
+
+int Call::await_headers(int only) {
+  int differs = -1;
+  int next = 0;  // every header before it has come and agrees
+  auto wanted = [&](int j) { return j != r_ && (only < 0 || j == only); };
+  auto come = [&](int j) { return c_.header(j, seq_).seq.load(std::memory_order_acquire) >= seq_; };
+  wait_until(
+      c_.shared->word,
+      [&] {
+        for (; next < n_; ++next) {
+          if (!wanted(next)) continue;
+          if (!come(next)) break;
+          if (!matches(c_.header(next, seq_))) {
+            differs = next;
+            return true;
+          }
+        }
+        if (next == n_) return true;
+        // A difference already visible further on ends the wait now: the rank still missing may
+        // be waiting for a header that never comes (it made another call).
+        for (int j = next + 1; j < n_; ++j) {
+          if (wanted(j) && come(j) && !matches(c_.header(j, seq_))) {
+            differs = j;
+            return true;
+          }
+        }
+        return false;
+      },
+      Deadline{}, "collective");
+  return differs;
+}
+
+void Call::throw_mismatch(int j) {
+  const CallHeader& mine = c_.header(r_, seq_);
+  const CallHeader& theirs = c_.header(j, seq_);
+  const std::uint64_t since = c_.history_since;
+  publish_done();  // this rank reads nothing more of the call
+  // The slots of this call are simply never read again and the communicator goes on with the next
+  // one; what this rank called before is no longer compared.
+  c_.history = 0;
+  c_.history_since = seq_ + 1;
+  if (same_call(mine, theirs)) {
+    throw UsageError(fmt::format(
+        "collective mismatch on communicator '{}' (call {}): ranks {} and {} both called {}, but their calls since "
+        "call {} differ: an earlier broadcast, scatter, gather or reduce did not match on every rank (a small rooted "
+        "call is checked only by the ranks that wait for it; the others learn of it at a later call, this one); "
+        "every rank must make the same collective calls in the same order",
+        c_.name, seq_, r_, j, describe(mine), since));
+  }
+  throw UsageError(fmt::format(
+      "collective mismatch on communicator '{}' (call {}): rank {} called {} but rank {} called {}; every rank must "
+      "make the same collective calls in the same order",
+      c_.name, seq_, r_, describe(mine), j, describe(theirs)));
+}
+
+void Call::run_lockstep(bool small) {
+  const int differs = await_headers(-1);
+  if (differs >= 0) throw_mismatch(differs);
+  // Every member made this very call, and the same calls before it.
+  c_.history = 0;
+  c_.history_since = seq_ + 1;
+  c_.known_done = std::max(c_.known_done, seq_ - 1);
+  if (is_vector(call_.kind)) {
+    c_.last_algorithm.store("staged", std::memory_order_relaxed);
+    finish_vector_call(c_, call_, seq_);
+    return;
+  }
+  if (call_.on_gpu) return;  // agreed: the GPU backend moves the data
+  const Algorithm algorithm = small ? Algorithm::small : large_algorithm(call_.kind, all_in_arena(), cma_usable());
+  c_.last_algorithm.store(algorithm_name(algorithm), std::memory_order_relaxed);  // a static string: no copy
+  if (call_.kind == CollKind::barrier || call_.count == 0) return;
+  if (algorithm == Algorithm::small) {
+    run_small();
+    return;
+  }
+  c_.ensure_ring();
+  if (is_reduction(call_.kind)) {
+    run_pipelined_reduction(algorithm == Algorithm::in_place);
+  } else {
+    run_pipelined_copy(algorithm);
+  }
+}
+
+void Call::run_rooted_small() {
+  c_.last_algorithm.store(algorithm_name(Algorithm::small), std::memory_order_relaxed);
+  const bool root = r_ == call_.root;
+  const bool toward_root = call_.kind == CollKind::gather || call_.kind == CollKind::reduce;
+  if (toward_root != root) {
+    // A sender (broadcast's and scatter's root, gather's and reduce's others): posted; scatter's
+    // root still keeps its own block.
+    if (call_.kind == CollKind::scatter && call_.count != 0) run_small();
+    c_.history = with_call(c_.history, c_.header(r_, seq_));
+    publish_done();
+    return;
+  }
+  const int differs = await_headers(toward_root ? -1 : call_.root);
+  if (differs >= 0) throw_mismatch(differs);
+  if (call_.count != 0) run_small();
+  c_.history = with_call(c_.history, c_.header(r_, seq_));
+  publish_done();
+}
+
+bool Call::all_in_arena() const {
+  // In place needs every buffer a peer reads: inputs for all; outputs too when peers gather from
+  // them (allreduce).
+  for (int j = 0; j < n_; ++j) {
+    const CallHeader& h = c_.header(j, seq_);
+    if (reads_peer_input(j) && !h.in_arena) return false;
+    if (call_.kind == CollKind::allreduce && !h.out_arena) return false;
+  }
+  return true;
+}
+
+bool Call::reads_peer_input(int j) const {
+  switch (call_.kind) {
+    case CollKind::broadcast:
+    case CollKind::scatter: return j == call_.root;
+    default: return true;
+  }
+}
+
+bool Call::cma_usable() const {
+  if (call_.count * esize_ < kCmaMinBytes) return false;
+  for (int j = 0; j < n_; ++j) {
+    if (reads_peer_input(j) && c_.progress[j].cma == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace nodal::detail

@@ -1,0 +1,121 @@
+// One collective call on one rank: the protocol every shared-memory call follows (shm/call.cpp)
+// and the algorithms that move the data (shm/small.cpp, shm/pipelined_reduction.cpp,
+// shm/pipelined_copy.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
+//
+// The header. Every call starts the same way: each rank publishes a CallHeader (what it calls,
+// with what count, dtype, op and root, and where its buffers are when they are in the arena) in
+// its slot for the call, a small call's data right behind it. A rank publishes the header of call
+// k only after it finished call k - 1.
+//
+// Lockstep calls (every call but the rooted small ones): each rank waits for every member's
+// header of the call and compares them; once a rank has seen every header of call k, nobody
+// reads anything of call k - 1 any more (staging ring, results, peers' buffers), so the
+// pipelined paths reuse their shared buffers freely. Within a pipelined call, ring entries are
+// reused only after every reader has published `consumed` for the step that used them.
+//
+// Rooted small calls (broadcast, scatter, gather, reduce whose data fits a slot): one-directional,
+// like Open MPI's eager sends. The root of broadcast and scatter, and every non-root of gather and
+// reduce, publishes header and data and returns; the receivers (the others; the root of gather
+// and reduce) wait only for the headers they read, compare them with their own call, and copy
+// or reduce out of the slots.
+//
+// Credits. Each rank has kSlotDepth slots, used round robin; a rank writes its slot of call k
+// once every peer has finished call k - kSlotDepth (its Progress::done, published at the end of
+// a small rooted call, or its latest header, published at the start of the next call): a sender
+// waits only when it is kSlotDepth - 1 calls ahead of its slowest peer.
+// The v-variants' staging areas, one per call parity, need every peer done with call k - 2.
+// A lockstep exchange of call k tells a rank that every peer finished k - 1 (CommState::known_done)
+// without reading their counters.
+//
+// Mismatches. A rank that sees a header differing from its own throws UsageError at once (its own
+// header is already published, so the peers waiting on it see the difference too): in a lockstep
+// call, every member throws at that call. A sender of a rooted small call checks nothing; so each
+// header also carries `history`, a hash of the calls the rank made since the last lockstep call
+// whose headers all agreed. A rooted call whose arguments did not match thus makes its sender
+// throw at its next call with a receiver or a lockstep call at the latest, and every rank that
+// took part then throws too. Source of the idea: MPI leaves a mismatched call undefined (Open MPI
+// detects none of it); nodal keeps the error, deferred by at most one call.
+#pragma once
+
+#include "shm/algorithm_table.hpp"
+#include "shm/algorithms.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace nodal::detail {
+
+/// Room for the per-peer source pointers of a reduction without a heap allocation per call.
+class Sources {
+ public:
+  explicit Sources(int n) : heap_(n > kInline ? static_cast<std::size_t>(n) : 0) {}
+  const void*& operator[](int j) { return heap_.empty() ? inline_[j] : heap_[j]; }
+  const void* const* data() const { return heap_.empty() ? inline_ : heap_.data(); }
+
+ private:
+  static constexpr int kInline = 64;
+  const void* inline_[kInline];
+  std::vector<const void*> heap_;
+};
+
+inline std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
+inline const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
+inline std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+class Call {
+ public:
+  Call(CommState& comm, const CollCall& call)
+      : c_(comm), call_(call), n_(comm.size), r_(comm.rank), esize_(element_size(call.dtype)) {}
+
+  /// Runs the call (shm/call.cpp).
+  void run();
+
+ private:
+  // ---- The protocol (shm/call.cpp). ----
+  void await_credit(std::uint64_t depth);
+  /// Publishes Progress::done = this call.
+  void publish_done();
+  /// A call rank j has certainly finished (looking no further once it is `need` or later).
+  std::uint64_t peer_done(int j, std::uint64_t need) const;
+  void publish_header(bool small);
+  /// Waits for the headers of rank `only` (all peers when -1); returns the first rank whose header
+  /// differs from this rank's, or -1 once all have come and agree.
+  int await_headers(int only);
+  bool matches(const CallHeader& theirs) const;
+  [[noreturn]] void throw_mismatch(int j);
+  void run_lockstep(bool small);
+  void run_rooted_small();
+  bool all_in_arena() const;
+  bool reads_peer_input(int j) const;
+  bool cma_usable() const;
+  const void* peer_input(int j) const { return c_.arena->at(c_.header(j, seq_).input_offset); }
+  void* peer_output(int j) const { return c_.arena->at(c_.header(j, seq_).output_offset); }
+  Progress& progress(int j) const { return c_.progress[j]; }
+  std::uint64_t flag(std::uint64_t step) const { return step_flag(seq_, step); }
+  void wait_consumed(int j, std::uint64_t step) { wait_flag(c_, progress(j).consumed, flag(step), "collective"); }
+
+  // ---- The algorithms. ----
+  void run_small();                                // shm/small.cpp
+  void run_pipelined_reduction(bool in_place);     // shm/pipelined_reduction.cpp
+  void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
+  void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/pipelined_copy.cpp
+  /// Elements per block per step of a pipelined call: whole cache lines, `blocks` fit one ring entry.
+  std::size_t block_elements(std::size_t blocks) const {
+    std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;
+    return (lines > 1 ? lines : 1) * kCacheLine / esize_;
+  }
+
+  CommState& c_;
+  const CollCall& call_;
+  const int n_;
+  const int r_;
+  const std::size_t esize_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t staged_ = 0;  ///< v-variants: the arena offset of this rank's staged counts and data
+};
+
+/// What a rank puts in its slot on the small path, in bytes.
+std::size_t contribution_bytes(const CollCall& call, int world_size, int rank);
+
+}  // namespace nodal::detail

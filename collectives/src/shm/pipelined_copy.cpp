@@ -1,0 +1,115 @@
+// Pipelined copies (broadcast, allgather, gather, scatter, alltoall beyond the small path): each
+// producer's data reaches its consumers in one of three ways. in_place: the producers' buffers are
+// in the arena, consumers copy straight out of them; cma: consumers read private buffers with one
+// process_vm_readv each (a single copy, as Open MPI's vader and MPICH do); pipelined: producers
+// stage slices through their ring entries and consumers copy them out, step by step.
+#include "shm/call.hpp"
+
+#include "copy.hpp"
+
+#include <nodal/errors.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <sys/uio.h>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+
+/// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
+/// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
+void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const {
+  std::size_t done = 0;
+  while (done < n) {
+    iovec local{static_cast<std::byte*>(dst) + done, n - done};
+    iovec remote{reinterpret_cast<void*>(address + done), n - done};
+    ssize_t got = ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      int error = errno;
+      check_job_alive();
+      if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
+      throw Error(fmt::format("process_vm_readv from rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies "
+                              "through shared memory instead",
+                              j, c_.progress[j].pid, std::strerror(error)));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+void Call::run_pipelined_copy(Algorithm algorithm) {
+  // in_place: peers' inputs are in the arena, read them there; cma: read them where they are
+  // with process_vm_readv, in one step; pipelined: stage them through the ring.
+  const bool in_place = algorithm == Algorithm::in_place;
+  const bool cma = algorithm == Algorithm::cma;
+  const bool direct = in_place || cma;
+  const CollKind kind = call_.kind;
+  const bool rooted_producer = kind == CollKind::broadcast || kind == CollKind::scatter;
+  const bool rooted_consumer = kind == CollKind::gather;
+  const bool per_consumer = kind == CollKind::scatter || kind == CollKind::alltoall;
+  auto producer = [&](int j) { return !rooted_producer || j == call_.root; };
+  auto consumer = [&](int j) {
+    if (kind == CollKind::broadcast) return j != call_.root;
+    return !rooted_consumer || j == call_.root;
+  };
+  const std::size_t slots = per_consumer ? static_cast<std::size_t>(n_) : 1;
+  const std::size_t per_step = cma ? call_.count : block_elements(slots);
+  const std::size_t steps = ceil_div(call_.count, per_step);
+  // Element offsets: of the block producer p sends to consumer q in p's input, and of what q
+  // receives from p in q's output.
+  auto in_block = [&](int q) -> std::size_t { return per_consumer ? q * call_.count : 0; };
+  auto out_block = [&](int p) -> std::size_t { return rooted_producer ? 0 : p * call_.count; };
+  const std::size_t esize = esize_;
+  const bool stream = call_.count * esize >= kStreamMinBytes;
+  // My own block needs no staging.
+  if (producer(r_) && consumer(r_)) {
+    copy_bytes(bytes(call_.output) + out_block(r_) * esize, bytes(call_.input) + in_block(r_) * esize, call_.count * esize);
+  }
+  bool i_produce = false;
+  for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
+  for (std::size_t i = 0; i < steps; ++i) {
+    const std::size_t begin = i * per_step;
+    const std::size_t len = std::min(per_step, call_.count - begin);
+    if (i_produce && !direct) {
+      if (i >= static_cast<std::size_t>(c_.config.ring_depth)) {
+        for (int q = 0; q < n_; ++q) {
+          if (q != r_ && consumer(q)) wait_consumed(q, i - c_.config.ring_depth);
+        }
+      }
+      for (int q = 0; q < (per_consumer ? n_ : 1); ++q) {
+        if (per_consumer && (q == r_ || !consumer(q))) continue;
+        std::memcpy(c_.stage(r_, i) + (per_consumer ? q * per_step * esize : 0),
+                    bytes(call_.input) + (in_block(q) + begin) * esize, len * esize);
+      }
+      publish(c_, progress(r_).posted, flag(i));
+    }
+    if (consumer(r_)) {
+      for (int p = 0; p < n_; ++p) {
+        if (p == r_ || !producer(p)) continue;
+        std::byte* to = bytes(call_.output) + (out_block(p) + begin) * esize;
+        if (cma) {
+          cma_read(p, to, c_.header(p, seq_).input_offset + (in_block(r_) + begin) * esize, len * esize);
+          continue;
+        }
+        const std::byte* from;
+        if (in_place) {
+          from = bytes(peer_input(p)) + (in_block(r_) + begin) * esize;
+        } else {
+          wait_flag(c_, progress(p).posted, flag(i), "collective");
+          from = c_.stage(p, i) + (per_consumer ? r_ * per_step * esize : 0);
+        }
+        copy_bytes(to, from, len * esize, stream);
+      }
+      publish(c_, progress(r_).consumed, flag(i));
+    }
+  }
+  if (direct && i_produce && steps > 0) {
+    for (int q = 0; q < n_; ++q) {
+      if (q != r_ && consumer(q)) wait_consumed(q, steps - 1);
+    }
+  }
+}
+
+}  // namespace nodal::detail
