@@ -77,6 +77,9 @@ const CommConfig& comm_config() {
     // Chunks are cut into world_size blocks of whole cache lines (up to 8-byte elements).
     c.chunk_bytes = round_up(env_bytes("NODAL_CHUNK_BYTES", 1024 * 1024, 4096), kCacheLine);
     c.ring_depth = 2;
+    // Below it the system call costs more than the second copy of staging (16 KiB: bench/results/
+    // 2026-11-25-cma-threshold.md, 2x faster than staging at 32 KiB).
+    c.cma_min_bytes = env_bytes("NODAL_CMA_MIN_BYTES", 16 * 1024, 0);
     return c;
   }();
   return config;
@@ -104,14 +107,15 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
     shared->magic = kCommMagic;
     shared->world_size = static_cast<std::int32_t>(n);
     shared->slot_bytes = slot_bytes;
+    shared->cma_min_bytes = state->config.cma_min_bytes;
     auto* progress = reinterpret_cast<Progress*>(static_cast<std::byte*>(where) + header_bytes);
     for (std::size_t r = 0; r < n; ++r) new (&progress[r]) Progress();
   }));
   state->shared = reinterpret_cast<SharedComm*>(base);
   if (state->shared->magic != kCommMagic || state->shared->world_size != static_cast<std::int32_t>(n) ||
-      state->shared->slot_bytes != slot_bytes) {
-    throw UsageError(fmt::format("communicator {}: ranks disagree on its size or NODAL_SMALL_MAX_BYTES "
-                                 "(set the same environment for every rank)",
+      state->shared->slot_bytes != slot_bytes || state->shared->cma_min_bytes != state->config.cma_min_bytes) {
+    throw UsageError(fmt::format("communicator {}: ranks disagree on its size, NODAL_SMALL_MAX_BYTES or "
+                                 "NODAL_CMA_MIN_BYTES (set the same environment for every rank)",
                                  state->name));
   }
   state->progress = reinterpret_cast<Progress*>(base + header_bytes);

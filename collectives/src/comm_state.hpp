@@ -81,6 +81,9 @@ struct CommConfig {
   std::size_t small_max;    ///< bytes of a small call's per-rank data
   std::size_t chunk_bytes;  ///< bytes per pipeline step (all blocks together)
   int ring_depth;           ///< steps in flight
+  /// Bytes per rank from which copies of private buffers read the peers' memory with one
+  /// process_vm_readv (shm/algorithm_table.hpp "cma") instead of staging them.
+  std::size_t cma_min_bytes;
   std::size_t slot_bytes() const;
 };
 
@@ -89,6 +92,7 @@ struct SharedComm {
   std::uint64_t magic;
   std::int32_t world_size;
   std::uint64_t slot_bytes;
+  std::uint64_t cma_min_bytes;
   WaitWord word;  ///< every flag of the communicator notifies this one word
 };
 
@@ -151,7 +155,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
 /// a dumpable process, and NODAL_CMA not 0. Read once.
 bool cma_allowed();
 
-/// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES), read once.
+/// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES,
+/// NODAL_CMA_MIN_BYTES), read once.
 const CommConfig& comm_config();
 
 /// Maps (creating it if this rank is first) the communicator `name` of `global_ranks`, in which

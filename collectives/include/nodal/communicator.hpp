@@ -34,7 +34,7 @@
 //              reduced blocks (reduce-scatter + all-gather), chunks pipelined through a ring;
 //   in_place   like pipelined but reading peers' buffers where they are (single copy), chosen when
 //              every rank's buffers are in the job arena (Tensor::empty_shared, share_memory()).
-//   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 64 KiB per rank from
+//   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 16 KiB per rank from
 //              private buffers: one process_vm_readv per peer (cross-memory attach, single copy, as
 //              Open MPI and MPICH do), where the kernel allows it (no Yama ptrace_scope >= 1) and
 //              NODAL_CMA is not 0; otherwise pipelined.
@@ -44,12 +44,13 @@
 //                                 can: small only up to NODAL_SMALL_MAX_BYTES, in_place only when
 //                                 the buffers are in the arena; elsewhere the automatic choice.
 //   NODAL_CMA=0                   never use cross-memory attach
+//   NODAL_CMA_MIN_BYTES=N         smallest copy (bytes per rank) that takes cma (default 16 KiB)
 //   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
 //                                 (default 16 KiB; 0: never)
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,
 //                                 at least 4096)
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
-// arena (2 * (48 B + small max) per rank), and from the first pipelined call a staging ring
+// arena (4 * (48 B + small max) per rank), and from the first pipelined call a staging ring
 // (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 

@@ -75,7 +75,7 @@ std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
       table.push_back({op, SIZE_MAX,
                        is_reduction(kind) ? "in_place if every rank's buffers are in the arena, else pipelined"
                                           : "in_place if every rank's buffers are in the arena, else cma from " +
-                                                format_bytes(kCmaMinBytes) + " where allowed, else pipelined"});
+                                                format_bytes(config.cma_min_bytes) + " where allowed, else pipelined"});
     } else {
       table.push_back({op, SIZE_MAX,
                        getenv_or_empty(variable) + " (forced by " + variable + "; small only up to " +

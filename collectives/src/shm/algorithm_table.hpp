@@ -7,7 +7,7 @@
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
 //   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
-//   cma        shm/pipelined_copy.cpp private buffers of the copy collectives, >= 64 KiB: one
+//   cma        shm/pipelined_copy.cpp private buffers of the copy collectives, >= NODAL_CMA_MIN_BYTES: one
 //                                     process_vm_readv per peer (Open MPI's and MPICH's
 //                                     single-copy path)
 //   pipelined  shm/pipelined_*.cpp    staged through a ring of chunks in the arena
@@ -28,11 +28,6 @@ enum class Algorithm { small, pipelined, in_place, cma };
 /// "small", "pipelined", "in_place", "cma" (what Communicator::last_algorithm() reports).
 const char* algorithm_name(Algorithm algorithm) noexcept;
 
-/// Copies of at least this many bytes per rank read private peer buffers with one
-/// process_vm_readv (a single copy) instead of staging them: below it the system call costs more
-/// than the second copy.
-constexpr std::size_t kCmaMinBytes = 64 * 1024;
-
 /// Whether `kind` combines values (allreduce, reduce, reduce_scatter, reduce_scatterv).
 bool is_reduction(CollKind kind) noexcept;
 
@@ -43,7 +38,7 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 
 /// The algorithm of a call that does not take the small path, once every header is known:
 /// `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
-/// input a peer reads allows cross-memory attach, and the message is >= kCmaMinBytes).
+/// input a peer reads allows cross-memory attach, and the message is >= CommConfig::cma_min_bytes).
 Algorithm large_algorithm(CollKind kind, bool all_in_arena, bool cma_usable);
 
 /// The table as Communicator::algorithm_table() returns it.

@@ -259,7 +259,7 @@ bool Call::reads_peer_input(int j) const {
 }
 
 bool Call::cma_usable() const {
-  if (call_.count * esize_ < kCmaMinBytes) return false;
+  if (call_.count * esize_ < c_.config.cma_min_bytes) return false;
   for (int j = 0; j < n_; ++j) {
     if (reads_peer_input(j) && c_.progress[j].cma == 0) return false;
   }
