@@ -58,6 +58,10 @@ const char* coll_kind_name(CollKind kind) noexcept {
 
 std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
 
+std::uint64_t CommConfig::slot_depth() const {
+  return std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMaxSlotDepth);
+}
+
 bool cma_allowed() {
   static const bool allowed = [] {
     if (getenv_or_empty("NODAL_CMA") == "0") return false;
@@ -99,7 +103,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   const std::size_t slot_bytes = state->config.slot_bytes();
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
-  const std::size_t total = header_bytes + progress_bytes + n * kSlotDepth * slot_bytes;
+  const std::size_t total = header_bytes + progress_bytes + n * state->config.slot_depth() * slot_bytes;
   std::string object = "nodal.comm:" + state->name;
   auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
     std::memset(where, 0, total);

@@ -52,10 +52,12 @@ struct CallHeader {
 constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
 static_assert(sizeof(CallHeader) <= kInlineOffset);
 
-/// Slots per rank: a rank writes its slot of call k once every peer has finished call k - kSlotDepth
-/// (shm/call.hpp "Credits"), so the root of a small rooted call runs up to kSlotDepth - 1 calls
-/// ahead of its slowest receiver.
-constexpr std::uint64_t kSlotDepth = 4;
+/// Slots per rank: as many as fit kSlotBudget (2 to kMaxSlotDepth; 16 with the default 16 KiB
+/// small path). A rank writes its slot of call k once every peer has finished call k - depth
+/// (shm/call.hpp "Credits"), so the senders of small rooted calls run up to depth - 1 calls ahead
+/// of their slowest receiver: 16 made small broadcast 3x faster than 4 on 4 ranks sharing 2 cores.
+constexpr std::size_t kSlotBudget = 512 * 1024;
+constexpr std::uint64_t kMaxSlotDepth = 16;
 
 /// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
 /// Values are step_flag(seq, step): they only grow over the communicator's life.
@@ -85,6 +87,7 @@ struct CommConfig {
   /// process_vm_readv (shm/algorithm_table.hpp "cma") instead of staging them.
   std::size_t cma_min_bytes;
   std::size_t slot_bytes() const;
+  std::uint64_t slot_depth() const;  ///< slots per rank (kSlotBudget)
 };
 
 /// The arena part, found by name.
@@ -110,7 +113,7 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::vector<int> global_ranks;
   CommConfig config{};
   SharedComm* shared = nullptr;
-  std::byte* slots = nullptr;       ///< [rank][call % kSlotDepth] slots of slot_bytes
+  std::byte* slots = nullptr;       ///< [rank][call % slot_depth] slots of slot_bytes
   Progress* progress = nullptr;     ///< [rank]
   std::byte* stages = nullptr;      ///< [rank][ring_depth] * chunk_bytes (pipelined path)
   std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
@@ -134,8 +137,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::size_t vector_capacity[2] = {0, 0};
 
   CallHeader& header(int r, std::uint64_t call) const {
-    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * kSlotDepth + call % kSlotDepth) *
-                                                      config.slot_bytes());
+    const std::uint64_t depth = config.slot_depth();
+    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * depth + call % depth) * config.slot_bytes());
   }
   std::byte* inline_data(int r, std::uint64_t call) const {
     return reinterpret_cast<std::byte*>(&header(r, call)) + kInlineOffset;

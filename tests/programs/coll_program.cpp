@@ -1115,7 +1115,7 @@ int stress(const nodal::Context& ctx, const Options& o) {
   return 0;
 }
 
-// ---- Small rooted calls: senders post and return (credits keep them kSlotDepth - 1 calls ahead). ----
+// ---- Small rooted calls: senders post and return (credits keep them up to slot depth - 1 calls ahead). ----
 
 int rooted(const nodal::Context& ctx, const Options& o) {
   Communicator world = ctx.world();
@@ -1129,9 +1129,19 @@ int rooted(const nodal::Context& ctx, const Options& o) {
   auto expect = [&](long k, const char* what, std::int32_t got, std::int32_t wanted, int i) {
     if (got != wanted) fail(format("rooted call %ld (%s): element %d expected %d got %d", k, what, i, wanted, got));
   };
+  int burst_kind = 0, burst_root = 0;
   for (long k = 0; k < iters; ++k) {
-    const int kind = static_cast<int>(calls() % 9);
-    const int root = static_cast<int>(calls() % static_cast<unsigned>(n));
+    // Every 500 calls a burst of 40 alike, its receivers pausing first: senders get as far ahead
+    // as the credits let them (the slot depth, 16), and past it they must wait.
+    const bool burst = k % 500 < 40;
+    if (k % 500 == 0) {
+      burst_kind = static_cast<int>(calls() % 8);
+      burst_root = static_cast<int>(calls() % static_cast<unsigned>(n));
+      const bool sender = (burst_kind <= 3) == (r == burst_root);  // broadcast, scatter: the root
+      if (!sender) std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+    const int kind = burst ? burst_kind : static_cast<int>(calls() % 9);
+    const int root = burst ? burst_root : static_cast<int>(calls() % static_cast<unsigned>(n));
     const int count = 1 + static_cast<int>(calls() % most);
     const auto c = static_cast<std::size_t>(count);
     if (pauses() % 32 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // peers run ahead
@@ -1172,7 +1182,7 @@ int rooted(const nodal::Context& ctx, const Options& o) {
       }
     }
   }
-  // Senders run ahead of receivers that sleep: kSlotDepth - 1 = 3 calls return at once.
+  // Senders run ahead of receivers that sleep: 3 calls return at once (the default depth is 16).
   auto ahead = [&](bool sender, const std::function<void(int)>& call) {
     world.barrier();
     auto start = Clock::now();

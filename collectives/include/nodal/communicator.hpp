@@ -11,7 +11,7 @@
 //   a hang or a wrong answer); the communicator stays usable afterwards. One exception in timing:
 //   small broadcast, scatter, gather and reduce (<= NODAL_SMALL_MAX_BYTES per rank) are eager, as
 //   in MPI: their senders (the root of broadcast and scatter, the others of gather and reduce) post
-//   and return, up to 3 calls ahead of the receivers, so a sender's UsageError for a mismatched
+//   and return, up to 15 calls ahead of the receivers, so a sender's UsageError for a mismatched
 //   one comes from its next collective call.
 // - Results are bitwise identical on every rank and from run to run: contributions are combined
 //   in rank order (0, 1, ..., n-1) whatever the algorithm; f16 and bf16 are accumulated in f32 and
@@ -50,7 +50,7 @@
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,
 //                                 at least 4096)
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
-// arena (4 * (48 B + small max) per rank), and from the first pipelined call a staging ring
+// arena (16 * (48 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined call a staging ring
 // (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 

@@ -65,7 +65,7 @@ void Call::run() {
   seq_ = c_.seq + 1;
   const bool vector = is_vector(call_.kind);
   const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest_contribution(call_, n_), c_.config);
-  await_credit(vector ? 2 : kSlotDepth);
+  await_credit(vector ? 2 : c_.config.slot_depth());
   // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
   if (vector) staged_ = stage_vector_call(c_, call_, seq_);
   c_.seq = seq_;
@@ -84,7 +84,7 @@ std::uint64_t Call::peer_done(int j, std::uint64_t need) const {
   if (latest >= need) return latest;
   // A header of call k is published once its rank finished k - 1 (lockstep calls publish no `done`:
   // a store per call costs them ~10 % at 4 bytes).
-  for (std::uint64_t slot = 0; slot < kSlotDepth; ++slot) {
+  for (std::uint64_t slot = 0; slot < c_.config.slot_depth(); ++slot) {
     const std::uint64_t header = c_.header(j, slot).seq.load(std::memory_order_acquire);
     if (header > 0) latest = std::max(latest, header - 1);
   }

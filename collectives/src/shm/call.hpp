@@ -19,10 +19,10 @@
 // and reduce) wait only for the headers they read, compare them with their own call, and copy
 // or reduce out of the slots.
 //
-// Credits. Each rank has kSlotDepth slots, used round robin; a rank writes its slot of call k
-// once every peer has finished call k - kSlotDepth (its Progress::done, published at the end of
+// Credits. Each rank has CommConfig::slot_depth() slots (depth, 16 by default), used round robin; a rank writes its slot of call k
+// once every peer has finished call k - depth (its Progress::done, published at the end of
 // a small rooted call, or its latest header, published at the start of the next call): a sender
-// waits only when it is kSlotDepth - 1 calls ahead of its slowest peer.
+// waits only when it is depth - 1 calls ahead of its slowest peer.
 // The v-variants' staging areas, one per call parity, need every peer done with call k - 2.
 // A lockstep exchange of call k tells a rank that every peer finished k - 1 (CommState::known_done)
 // without reading their counters.
