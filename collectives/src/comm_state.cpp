@@ -5,6 +5,7 @@
 #include <nodal/detail/units.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <fstream>
 
@@ -59,7 +60,7 @@ const char* coll_kind_name(CollKind kind) noexcept {
 std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
 
 std::uint64_t CommConfig::slot_depth() const {
-  return std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMaxSlotDepth);
+  return std::bit_floor(std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMaxSlotDepth));
 }
 
 bool cma_allowed() {
@@ -126,6 +127,8 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   state->progress[rank].pid = static_cast<std::int32_t>(::getpid());
   state->progress[rank].cma = cma_allowed() ? 1 : 0;
   state->slots = base + header_bytes + progress_bytes;
+  state->slot_depth = state->config.slot_depth();
+  state->slot_bytes = slot_bytes;
   return state;
 }
 

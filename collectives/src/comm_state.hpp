@@ -52,8 +52,8 @@ struct CallHeader {
 constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
 static_assert(sizeof(CallHeader) <= kInlineOffset);
 
-/// Slots per rank: as many as fit kSlotBudget (2 to kMaxSlotDepth; 16 with the default 16 KiB
-/// small path). A rank writes its slot of call k once every peer has finished call k - depth
+/// Slots per rank: as many as fit kSlotBudget, rounded down to a power of two (2 to kMaxSlotDepth;
+/// 16 with the default 16 KiB small path). A rank writes its slot of call k once every peer has finished call k - depth
 /// (shm/call.hpp "Credits"), so the senders of small rooted calls run up to depth - 1 calls ahead
 /// of their slowest receiver: 16 made small broadcast 3x faster than 4 on 4 ranks sharing 2 cores.
 constexpr std::size_t kSlotBudget = 512 * 1024;
@@ -114,6 +114,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   CommConfig config{};
   SharedComm* shared = nullptr;
   std::byte* slots = nullptr;       ///< [rank][call % slot_depth] slots of slot_bytes
+  std::uint64_t slot_depth = 2;     ///< config.slot_depth(), kept: the hot path divides by nothing
+  std::size_t slot_bytes = 0;       ///< config.slot_bytes()
   Progress* progress = nullptr;     ///< [rank]
   std::byte* stages = nullptr;      ///< [rank][ring_depth] * chunk_bytes (pipelined path)
   std::byte* results = nullptr;     ///< [rank][ring_depth] * chunk_bytes
@@ -137,8 +139,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::size_t vector_capacity[2] = {0, 0};
 
   CallHeader& header(int r, std::uint64_t call) const {
-    const std::uint64_t depth = config.slot_depth();
-    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * depth + call % depth) * config.slot_bytes());
+    return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * slot_depth + (call & (slot_depth - 1))) *
+                                                      slot_bytes);
   }
   std::byte* inline_data(int r, std::uint64_t call) const {
     return reinterpret_cast<std::byte*>(&header(r, call)) + kInlineOffset;

@@ -6,6 +6,7 @@
 #include <nodal/errors.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -115,6 +116,10 @@ bool is_vector(CollKind kind) noexcept {
 std::uint64_t stage_vector_call(CommState& c, const CollCall& call, std::uint64_t seq) {
   const std::size_t esize = element_size(call.dtype);
   const std::size_t data_bytes = staged_elements(c, call) * esize;
+  if (data_bytes > SIZE_MAX - table_bytes(c.size)) {  // the callers bound data_bytes by SIZE_MAX only
+    throw UsageError(fmt::format("{} on communicator '{}': {} bytes to stage do not fit in memory",
+                                 coll_kind_name(call.kind), c.name, data_bytes));
+  }
   const std::size_t need = table_bytes(c.size) + data_bytes;
   const std::size_t parity = seq & 1;
   if (c.vector_capacity[parity] < need) {
