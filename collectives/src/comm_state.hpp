@@ -136,6 +136,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// The v-variants' staging, per call parity (shm/vector_collectives.cpp): this rank's counts
   /// and data, read by its peers; grown on demand, kept for the life of the communicator.
   std::byte* vector_scratch[2] = {nullptr, nullptr};
+  /// reduce's cma path (shm/cma.cpp): the peers' chunks, read into this process's own memory.
+  std::vector<std::byte> cma_scratch;
   std::size_t vector_capacity[2] = {0, 0};
 
   CallHeader& header(int r, std::uint64_t call) const {

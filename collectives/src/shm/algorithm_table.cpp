@@ -54,10 +54,15 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
   return !on_gpu && largest_bytes <= config.small_max && (forced == Forced::none || forced == Forced::small);
 }
 
-Algorithm large_algorithm(CollKind kind, bool all_in_arena, bool cma_usable) {
+Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool all_in_arena, bool cma_usable) {
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
-  if (!is_reduction(kind) && forced == Forced::none && cma_usable) return Algorithm::cma;
+  // reduce's root reads the peers' inputs and reduces them alone (shm/cma.cpp): faster than the
+  // pipelined reduce-scatter while the root's share is small (bench/results/
+  // 2026-11-25-collectives-round-two.md); allreduce and reduce_scatter stay pipelined.
+  const bool reads_inputs =
+      !is_reduction(kind) || (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes);
+  if (reads_inputs && forced == Forced::none && cma_usable) return Algorithm::cma;
   return Algorithm::pipelined;
 }
 
@@ -73,7 +78,11 @@ std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
     if (forced == Forced::none) {
       table.push_back({op, config.small_max, is_rooted(op) ? "small (the sender posts and returns)" : "small"});
       table.push_back({op, SIZE_MAX,
-                       is_reduction(kind) ? "in_place if every rank's buffers are in the arena, else pipelined"
+                       kind == CollKind::reduce
+                           ? "in_place if every rank's buffers are in the arena, else cma from " +
+                                 format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
+                                 format_bytes(kCmaReduceMaxBytes) + " where allowed, else pipelined"
+                       : is_reduction(kind) ? "in_place if every rank's buffers are in the arena, else pipelined"
                                           : "in_place if every rank's buffers are in the arena, else cma from " +
                                                 format_bytes(config.cma_min_bytes) + " where allowed, else pipelined"});
     } else {

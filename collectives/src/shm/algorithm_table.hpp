@@ -7,7 +7,8 @@
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
 //   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
-//   cma        shm/pipelined_copy.cpp private buffers of the copy collectives, >= NODAL_CMA_MIN_BYTES: one
+//   cma        shm/cma.cpp            private buffers of the copy collectives and reduce,
+//                                     >= NODAL_CMA_MIN_BYTES per rank: one
 //                                     process_vm_readv per peer (Open MPI's and MPICH's
 //                                     single-copy path)
 //   pipelined  shm/pipelined_*.cpp    staged through a ring of chunks in the arena
@@ -37,9 +38,13 @@ bool is_reduction(CollKind kind) noexcept;
 bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const CommConfig& config);
 
 /// The algorithm of a call that does not take the small path, once every header is known:
-/// `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
+/// `bytes` per rank, `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
 /// input a peer reads allows cross-memory attach, and the message is >= CommConfig::cma_min_bytes).
-Algorithm large_algorithm(CollKind kind, bool all_in_arena, bool cma_usable);
+Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool all_in_arena, bool cma_usable);
+
+/// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
+/// reads and reduces every peer's input alone.
+constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
 
 /// The table as Communicator::algorithm_table() returns it.
 std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config);

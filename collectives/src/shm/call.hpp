@@ -1,6 +1,6 @@
 // One collective call on one rank: the protocol every shared-memory call follows (shm/call.cpp)
 // and the algorithms that move the data (shm/small.cpp, shm/pipelined_reduction.cpp,
-// shm/pipelined_copy.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
+// shm/pipelined_copy.cpp, shm/cma.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
 //
 // The header. Every call starts the same way: each rank publishes a CallHeader (what it calls,
 // with what count, dtype, op and root, and where its buffers are when they are in the arena) in
@@ -99,7 +99,10 @@ class Call {
   void run_small();                                // shm/small.cpp
   void run_pipelined_reduction(bool in_place);     // shm/pipelined_reduction.cpp
   void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
-  void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/pipelined_copy.cpp
+  void run_cma_reduce();                           // shm/cma.cpp
+  /// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
+  /// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
+  void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/cma.cpp
   /// Elements per block per step of a pipelined call: whole cache lines, `blocks` fit one ring entry.
   std::size_t block_elements(std::size_t blocks) const {
     std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;

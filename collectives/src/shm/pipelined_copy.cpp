@@ -1,43 +1,16 @@
 // Pipelined copies (broadcast, allgather, gather, scatter, alltoall beyond the small path): each
 // producer's data reaches its consumers in one of three ways. in_place: the producers' buffers are
 // in the arena, consumers copy straight out of them; cma: consumers read private buffers with one
-// process_vm_readv each (a single copy, as Open MPI's vader and MPICH do); pipelined: producers
+// process_vm_readv each (shm/cma.cpp); pipelined: producers
 // stage slices through their ring entries and consumers copy them out, step by step.
 #include "shm/call.hpp"
 
 #include "copy.hpp"
 
-#include <nodal/errors.hpp>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
-#include <sys/uio.h>
-
-#include <fmt/format.h>
-
 namespace nodal::detail {
-
-/// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
-/// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
-void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const {
-  std::size_t done = 0;
-  while (done < n) {
-    iovec local{static_cast<std::byte*>(dst) + done, n - done};
-    iovec remote{reinterpret_cast<void*>(address + done), n - done};
-    ssize_t got = ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
-    if (got <= 0) {
-      int error = errno;
-      check_job_alive();
-      if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
-      throw Error(fmt::format("process_vm_readv from rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies "
-                              "through shared memory instead",
-                              j, c_.progress[j].pid, std::strerror(error)));
-    }
-    done += static_cast<std::size_t>(got);
-  }
-}
 
 void Call::run_pipelined_copy(Algorithm algorithm) {
   // in_place: peers' inputs are in the arena, read them there; cma: read them where they are

@@ -1,0 +1,75 @@
+// cma: single-copy reads of the peers' private memory with process_vm_readv (cross-memory
+// attach, Open MPI's vader and MPICH's single-copy path), where shm/algorithm_table.hpp picks it:
+// the copy collectives read peers' inputs straight into their outputs (shm/pipelined_copy.cpp);
+// reduce's root reads the peers' inputs a chunk at a time into a private scratch buffer and
+// reduces them with its own, in rank order (run_cma_reduce). A peer whose memory is read returns
+// only once the readers say they are done (`consumed`).
+#include "shm/call.hpp"
+
+#include "reduce_kernels.hpp"
+
+#include <nodal/errors.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <sys/uio.h>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+namespace {
+
+/// Bytes per peer per step of reduce: the scratch of all peers and the output step stay in L2.
+constexpr std::size_t kCmaReduceStep = 128 * 1024;
+
+}  // namespace
+
+void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const {
+  std::size_t done = 0;
+  while (done < n) {
+    iovec local{static_cast<std::byte*>(dst) + done, n - done};
+    iovec remote{reinterpret_cast<void*>(address + done), n - done};
+    ssize_t got = ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      int error = errno;
+      check_job_alive();
+      if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
+      throw Error(fmt::format("process_vm_readv from rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies "
+                              "through shared memory instead",
+                              j, c_.progress[j].pid, std::strerror(error)));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+void Call::run_cma_reduce() {
+  const int root = call_.root;
+  if (r_ != root) {
+    // The root reads my input where it is: it must be done before the caller gets it back.
+    wait_consumed(root, 0);
+    return;
+  }
+  const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
+  if (c_.cma_scratch.size() < static_cast<std::size_t>(n_) * step * esize_) {
+    c_.cma_scratch.resize(static_cast<std::size_t>(n_) * step * esize_);
+  }
+  Sources srcs(n_);
+  for (std::size_t begin = 0; begin < call_.count; begin += step) {
+    const std::size_t len = std::min(step, call_.count - begin);
+    for (int j = 0; j < n_; ++j) {
+      if (j == r_) {
+        srcs[j] = bytes(call_.input) + begin * esize_;
+        continue;
+      }
+      std::byte* scratch = c_.cma_scratch.data() + static_cast<std::size_t>(j) * step * esize_;
+      cma_read(j, scratch, c_.header(j, seq_).input_offset + begin * esize_, len * esize_);
+      srcs[j] = scratch;
+    }
+    reduce_n(call_.dtype, call_.op, bytes(call_.output) + begin * esize_, srcs.data(), n_, len);
+  }
+  publish(c_, progress(r_).consumed, flag(0));
+}
+
+}  // namespace nodal::detail
