@@ -76,9 +76,10 @@ class Call {
   void await_credit(std::uint64_t depth);
   /// Publishes Progress::done = this call.
   void publish_done();
-  /// A call rank j has certainly finished (looking no further once it is `need` or later).
-  std::uint64_t peer_done(int j, std::uint64_t need) const;
-  void publish_header(bool small);
+  /// Whether rank j has finished call `need`.
+  bool peer_done(int j, std::uint64_t need) const;
+  /// Publishes this rank's header (and a small call's data); `wake`: wakes sleeping peers.
+  void publish_header(bool small, bool wake);
   /// Waits for the headers of rank `only` (all peers when -1); returns the first rank whose header
   /// differs from this rank's, or -1 once all have come and agree.
   int await_headers(int only);
