@@ -381,7 +381,8 @@ void spawn_by_fork(const std::function<void(int)>& fn, int nprocs, Fd ranks_end,
   if (const int threads = thread_count(); threads > 1) {
     throw UsageError(fmt::format(
         "nodal::spawn(StartMethod::fork): the program runs {} threads, and fork() copies only the calling one "
-        "(a lock another thread holds stays locked in the child for good). Use StartMethod::forkserver (call "
+        "(a lock another thread holds stays locked in the child for good). nodal's own count too: a communicator's "
+        "first non-blocking call (iallreduce, ...) starts its progress thread. Use StartMethod::forkserver (call "
         "nodal::start_forkserver() at the top of main()) or StartMethod::spawn, or spawn before starting threads",
         threads));
   }

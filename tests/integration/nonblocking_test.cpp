@@ -44,10 +44,12 @@ TEST(NonBlockingErrors, WaitWithATimeoutThrowsAndTheCallGoesOn) {
   EXPECT_EQ(count_lines(r.out, R"(completed after all)"), 2) << r.out;
 }
 
-TEST(NonBlockingErrors, BadArgumentsThrowFromTheCallItself) {
+TEST(NonBlockingErrors, BadArgumentsThrowFromTheCallItselfAndForkIsRefusedOnceTheThreadRuns) {
   ChildResult r = run(nodalrun_command({"-n", "2", kProgram, "bad_args"}), 60s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(count_lines(r.out, R"(UsageError at once: allgather: the output tensor has 7 elements, expected 16)"), 2)
+      << r.out;
+  EXPECT_EQ(count_lines(r.out, R"(spawn\(fork\) refused: .*first non-blocking call .* starts its progress thread)"), 2)
       << r.out;
 }
 

@@ -6,11 +6,13 @@
 //                                   on every rank, and the communicator works afterwards
 //   nonblocking_program timeout     rank 1 joins 600 ms late: rank 0's wait(50 ms) is a
 //                                   TimeoutError, then wait() completes
-//   nonblocking_program bad_args    a shape error is thrown by the i-call itself
+//   nonblocking_program bad_args    a shape error is thrown by the i-call itself; spawn(fork)
+//                                   after an i-call is refused, naming the progress thread
 //   nonblocking_program peer_dies   the last rank SIGKILLs itself; the others' wait gives PeerFailure
 #include <nodal/communicator.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
+#include <nodal/spawn.hpp>
 #include <nodal/work.hpp>
 
 #include "../support/rank_checks.hpp"
@@ -150,6 +152,14 @@ int bad_args(nodal::Communicator& comm) {
     fail("no UsageError from the i-call");
   } catch (const nodal::UsageError& e) {
     std::printf("rank %d: UsageError at once: %s\n", comm.rank(), e.what());
+  }
+  // From the first i-call on, the communicator has a thread: fork is refused, saying so.
+  comm.ibarrier().wait();
+  try {
+    nodal::spawn([](int) {}, 1, {.start_method = nodal::StartMethod::fork});
+    fail("spawn(fork) with the progress thread running was not refused");
+  } catch (const nodal::UsageError& e) {
+    std::printf("rank %d: spawn(fork) refused: %s\n", comm.rank(), e.what());
   }
   return 0;
 }
