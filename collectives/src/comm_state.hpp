@@ -42,7 +42,7 @@ struct CallHeader {
   std::int32_t root;
   std::uint64_t count;
   std::uint64_t input_offset;
-  std::uint64_t output_offset;
+  std::uint64_t output_offset;  ///< like input_offset, by out_arena
   std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
   std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
   /// A hash of this rank's calls since the last call every member checked against every other

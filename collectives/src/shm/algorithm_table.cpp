@@ -59,9 +59,12 @@ Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
   // reduce's root reads the peers' inputs and reduces them alone (shm/cma.cpp): faster than the
   // pipelined reduce-scatter while the root's share is small (bench/results/
-  // 2026-11-25-collectives-round-two.md); allreduce and reduce_scatter stay pipelined.
+  // 2026-11-25-collectives-round-two.md); so is allreduce on 2 ranks at 1-16 MiB (on 4 ranks sharing
+  // 2 cores it lost, 0.8x); reduce_scatter stays pipelined.
   const bool reads_inputs =
-      !is_reduction(kind) || (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes);
+      !is_reduction(kind) ||
+      (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes) ||
+      (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes && bytes < kCmaAllreduceEndBytes);
   if (reads_inputs && forced == Forced::none && cma_usable) return Algorithm::cma;
   return Algorithm::pipelined;
 }
@@ -78,7 +81,11 @@ std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
     if (forced == Forced::none) {
       table.push_back({op, config.small_max, is_rooted(op) ? "small (the sender posts and returns)" : "small"});
       table.push_back({op, SIZE_MAX,
-                       kind == CollKind::reduce
+                       kind == CollKind::allreduce
+                           ? "in_place if every rank's buffers are in the arena, else on 2 ranks cma from " +
+                                 format_bytes(kCmaAllreduceMinBytes) + " below " + format_bytes(kCmaAllreduceEndBytes) +
+                                 " where allowed, else pipelined"
+                       : kind == CollKind::reduce
                            ? "in_place if every rank's buffers are in the arena, else cma from " +
                                  format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
                                  format_bytes(kCmaReduceMaxBytes) + " where allowed, else pipelined"

@@ -127,7 +127,7 @@ void Call::publish_header(bool small, bool wake) {
                    : h.in_arena ? arena.offset_of(call_.input)
                                 : reinterpret_cast<std::uintptr_t>(call_.input);
   h.out_arena = call_.output != nullptr && arena.contains(call_.output);
-  h.output_offset = h.out_arena ? arena.offset_of(call_.output) : 0;
+  h.output_offset = h.out_arena ? arena.offset_of(call_.output) : reinterpret_cast<std::uintptr_t>(call_.output);
   h.on_gpu = call_.on_gpu;
   h.history = c_.history;
   if (wake) {
@@ -229,6 +229,10 @@ void Call::run_lockstep(bool small) {
   }
   if (algorithm == Algorithm::cma && call_.kind == CollKind::reduce) {
     run_cma_reduce();
+    return;
+  }
+  if (algorithm == Algorithm::cma && call_.kind == CollKind::allreduce) {
+    run_cma_allreduce();
     return;
   }
   c_.ensure_ring();

@@ -101,6 +101,7 @@ class Call {
   void run_pipelined_reduction(bool in_place);     // shm/pipelined_reduction.cpp
   void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
   void run_cma_reduce();                           // shm/cma.cpp
+  void run_cma_allreduce();                        // shm/cma.cpp
   /// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
   /// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
   void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/cma.cpp
