@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nodal/communicator.hpp>
+
 #include "../support/child_process.hpp"
 #include "../support/paths.hpp"
 
@@ -331,6 +333,25 @@ TEST_P(Errors, SmallRootedCallsLetSendersRunAheadWithEveryResultRight) {
   ChildResult r = run_coll(n, {"rooted", "iters=20000"}, {}, 200);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(count_lines(r.out, R"(rank \d+ rooted ok 20000 calls)"), n) << r.out;
+}
+
+TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
+  const std::vector<AlgorithmRule> table = Communicator::algorithm_table();
+  ASSERT_EQ(table.size(), 16u);  // 8 ops: the small path up to 16 KiB, then the rest
+  std::map<std::string, std::string> large;
+  for (std::size_t i = 0; i < table.size(); i += 2) {
+    EXPECT_EQ(table[i].op, table[i + 1].op);
+    EXPECT_EQ(table[i].max_bytes, 16u * 1024) << table[i].op;
+    EXPECT_EQ(table[i + 1].max_bytes, SIZE_MAX) << table[i].op;
+    large[table[i].op] = table[i + 1].algorithm;
+    const bool rooted = table[i].op == "broadcast" || table[i].op == "scatter" || table[i].op == "gather" ||
+                        table[i].op == "reduce";
+    EXPECT_EQ(table[i].algorithm, rooted ? "small (the sender posts and returns)" : "small") << table[i].op;
+  }
+  EXPECT_EQ(large["reduce_scatter"], "in_place if every rank's buffers are in the arena, else pipelined");
+  EXPECT_TRUE(contains(large["reduce"], "cma from 16 KiB while (world_size - 1) * size <= 256 KiB")) << large["reduce"];
+  EXPECT_TRUE(contains(large["allreduce"], "on 2 ranks cma from 1 MiB below 16 MiB")) << large["allreduce"];
+  EXPECT_TRUE(contains(large["alltoall"], "else cma from 16 KiB where allowed, else pipelined")) << large["alltoall"];
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),

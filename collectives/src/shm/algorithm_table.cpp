@@ -30,9 +30,28 @@ Forced forced_algorithm(CollKind kind) {
   return kind == CollKind::allreduce && allreduce != Forced::none ? allreduce : all;
 }
 
-bool is_rooted(const std::string& op) { return op == "broadcast" || op == "scatter" || op == "gather" || op == "reduce"; }
+/// What a call of `kind` beyond the small path takes, in words.
+std::string large_rule(CollKind kind, const CommConfig& config) {
+  const std::string in_place = "in_place if every rank's buffers are in the arena, else ";
+  const std::string where = " where allowed, else pipelined";
+  switch (kind) {
+    case CollKind::allreduce:
+      return in_place + "on 2 ranks cma from " + format_bytes(kCmaAllreduceMinBytes) + " below " +
+             format_bytes(kCmaAllreduceEndBytes) + where;
+    case CollKind::reduce:
+      return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
+             format_bytes(kCmaReduceMaxBytes) + where;
+    case CollKind::reduce_scatter: return in_place + "pipelined";
+    default: return in_place + "cma from " + format_bytes(config.cma_min_bytes) + where;
+  }
+}
 
 }  // namespace
+
+bool is_rooted(CollKind kind) noexcept {
+  return kind == CollKind::broadcast || kind == CollKind::scatter || kind == CollKind::gather ||
+         kind == CollKind::reduce;
+}
 
 const char* algorithm_name(Algorithm algorithm) noexcept {
   switch (algorithm) {
@@ -79,19 +98,8 @@ std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
                                : "NODAL_ALGO";
     const Forced forced = forced_algorithm(kind);
     if (forced == Forced::none) {
-      table.push_back({op, config.small_max, is_rooted(op) ? "small (the sender posts and returns)" : "small"});
-      table.push_back({op, SIZE_MAX,
-                       kind == CollKind::allreduce
-                           ? "in_place if every rank's buffers are in the arena, else on 2 ranks cma from " +
-                                 format_bytes(kCmaAllreduceMinBytes) + " below " + format_bytes(kCmaAllreduceEndBytes) +
-                                 " where allowed, else pipelined"
-                       : kind == CollKind::reduce
-                           ? "in_place if every rank's buffers are in the arena, else cma from " +
-                                 format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
-                                 format_bytes(kCmaReduceMaxBytes) + " where allowed, else pipelined"
-                       : is_reduction(kind) ? "in_place if every rank's buffers are in the arena, else pipelined"
-                                          : "in_place if every rank's buffers are in the arena, else cma from " +
-                                                format_bytes(config.cma_min_bytes) + " where allowed, else pipelined"});
+      table.push_back({op, config.small_max, is_rooted(kind) ? "small (the sender posts and returns)" : "small"});
+      table.push_back({op, SIZE_MAX, large_rule(kind, config)});
     } else {
       table.push_back({op, SIZE_MAX,
                        getenv_or_empty(variable) + " (forced by " + variable + "; small only up to " +

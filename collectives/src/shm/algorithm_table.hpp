@@ -30,6 +30,10 @@ enum class Algorithm { small, pipelined, in_place, cma };
 /// "small", "pipelined", "in_place", "cma" (what Communicator::last_algorithm() reports).
 const char* algorithm_name(Algorithm algorithm) noexcept;
 
+/// Whether a small call of `kind` is one-directional (broadcast, scatter, gather, reduce: its
+/// senders post and return; shm/call.hpp "Rooted small calls").
+bool is_rooted(CollKind kind) noexcept;
+
 /// Whether `kind` combines values (allreduce, reduce, reduce_scatter, reduce_scatterv).
 bool is_reduction(CollKind kind) noexcept;
 

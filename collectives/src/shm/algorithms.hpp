@@ -5,6 +5,10 @@
 
 namespace nodal::detail {
 
+inline std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
+inline const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
+inline std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
 /// One collective call as the caller made it (arguments already checked for this rank).
 struct CollCall {
   CollKind kind;

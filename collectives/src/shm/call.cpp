@@ -22,12 +22,6 @@ std::size_t largest_contribution(const CollCall& call, int world_size) {
   return most;
 }
 
-/// Small broadcast, scatter, gather and reduce: one-directional (shm/call.hpp).
-bool is_rooted(CollKind kind) {
-  return kind == CollKind::broadcast || kind == CollKind::scatter || kind == CollKind::gather ||
-         kind == CollKind::reduce;
-}
-
 /// The two headers describe the same call (the v-variants' own counts differ by design:
 /// finish_vector_call checks them against each other).
 bool same_call(const CallHeader& a, const CallHeader& b) {

@@ -59,9 +59,6 @@ class Sources {
   std::vector<const void*> heap_;
 };
 
-inline std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
-inline const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
-inline std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 class Call {
  public:
@@ -102,6 +99,9 @@ class Call {
   void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
   void run_cma_reduce();                           // shm/cma.cpp
   void run_cma_allreduce();                        // shm/cma.cpp
+  /// Reduces elements [begin, begin + count) of every rank's input into this rank's output, rank
+  /// order, reading the peers' parts by process_vm_readv a step at a time (shm/cma.cpp).
+  void reduce_from_inputs(std::size_t begin, std::size_t count);
   /// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
   /// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
   void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/cma.cpp

@@ -47,52 +47,14 @@ void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) con
   }
 }
 
-void Call::run_cma_reduce() {
-  const int root = call_.root;
-  if (r_ != root) {
-    // The root reads my input where it is: it must be done before the caller gets it back.
-    wait_consumed(root, 0);
-    return;
-  }
+void Call::reduce_from_inputs(std::size_t begin, std::size_t count) {
   const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
-  if (c_.cma_scratch.size() < static_cast<std::size_t>(n_) * step * esize_) {
-    c_.cma_scratch.resize(static_cast<std::size_t>(n_) * step * esize_);
-  }
+  const std::size_t scratch_bytes = static_cast<std::size_t>(n_) * step * esize_;
+  if (c_.cma_scratch.size() < scratch_bytes) c_.cma_scratch.resize(scratch_bytes);
   Sources srcs(n_);
-  for (std::size_t begin = 0; begin < call_.count; begin += step) {
-    const std::size_t len = std::min(step, call_.count - begin);
-    for (int j = 0; j < n_; ++j) {
-      if (j == r_) {
-        srcs[j] = bytes(call_.input) + begin * esize_;
-        continue;
-      }
-      std::byte* scratch = c_.cma_scratch.data() + static_cast<std::size_t>(j) * step * esize_;
-      cma_read(j, scratch, c_.header(j, seq_).input_offset + begin * esize_, len * esize_);
-      srcs[j] = scratch;
-    }
-    reduce_n(call_.dtype, call_.op, bytes(call_.output) + begin * esize_, srcs.data(), n_, len);
-  }
-  publish(c_, progress(r_).consumed, flag(0));
-}
-
-void Call::run_cma_allreduce() {
-  // Block b: elements [b * per, min(count, (b + 1) * per)), whole cache lines.
-  const std::size_t line = kCacheLine / esize_;
-  const std::size_t per = ceil_div(ceil_div(call_.count, static_cast<std::size_t>(n_)), line) * line;
-  auto block = [&](int b) {
-    const std::size_t begin = std::min(call_.count, static_cast<std::size_t>(b) * per);
-    return std::pair{begin, std::min(call_.count, begin + per) - begin};
-  };
-  const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
-  if (c_.cma_scratch.size() < static_cast<std::size_t>(n_) * step * esize_) {
-    c_.cma_scratch.resize(static_cast<std::size_t>(n_) * step * esize_);
-  }
-  // Reduce-scatter: my block from every input, into my output.
-  const auto [mine, my_len] = block(r_);
-  Sources srcs(n_);
-  for (std::size_t done = 0; done < my_len; done += step) {
-    const std::size_t at = mine + done;
-    const std::size_t len = std::min(step, my_len - done);
+  for (std::size_t done = 0; done < count; done += step) {
+    const std::size_t at = begin + done;
+    const std::size_t len = std::min(step, count - done);
     for (int j = 0; j < n_; ++j) {
       if (j == r_) {
         srcs[j] = bytes(call_.input) + at * esize_;
@@ -104,6 +66,30 @@ void Call::run_cma_allreduce() {
     }
     reduce_n(call_.dtype, call_.op, bytes(call_.output) + at * esize_, srcs.data(), n_, len);
   }
+}
+
+void Call::run_cma_reduce() {
+  const int root = call_.root;
+  if (r_ != root) {
+    // The root reads my input where it is: it must be done before the caller gets it back.
+    wait_consumed(root, 0);
+    return;
+  }
+  reduce_from_inputs(0, call_.count);
+  publish(c_, progress(r_).consumed, flag(0));
+}
+
+void Call::run_cma_allreduce() {
+  // Block b: elements [b * per, min(count, (b + 1) * per)), whole cache lines.
+  const std::size_t line = kCacheLine / esize_;
+  const std::size_t per = ceil_div(ceil_div(call_.count, static_cast<std::size_t>(n_)), line) * line;
+  auto block = [&](int b) {
+    const std::size_t begin = std::min(call_.count, static_cast<std::size_t>(b) * per);
+    return std::pair{begin, std::min(call_.count, begin + per) - begin};
+  };
+  // Reduce-scatter: my block from every input, into my output.
+  const auto [mine, my_len] = block(r_);
+  reduce_from_inputs(mine, my_len);
   // Past this flag no peer reads my input (in place, my output: the peers overwrite their block
   // of it only after this).
   publish(c_, progress(r_).reduced, flag(0));

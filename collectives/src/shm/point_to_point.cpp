@@ -14,10 +14,6 @@
 namespace nodal::detail {
 namespace {
 
-const std::byte* bytes(const void* p) { return static_cast<const std::byte*>(p); }
-std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
-std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
-
 /// One direction between two ranks: a ring of kP2PDepth entries the sender fills and the
 /// receiver empties, and the description of the message in flight.
 struct P2PChannel {
