@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages nodal builds, tests and benchmarks with.
 # Idempotent: when every package is already installed it does nothing (no apt-get update).
+#   scripts/setup-debian.sh [--check]   --check: install nothing, exit 1 if a package is missing
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
   libhwloc-dev
-  libboost1.81-dev libboost-stacktrace1.81-dev
+  libboost1.81-dev libboost-stacktrace1.81-dev libboost-serialization1.81-dev
   libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libeigen3-dev zlib1g-dev
@@ -22,10 +23,15 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
+if [ "${1:-}" = "--check" ]; then
+  echo "setup-debian: missing ${missing[*]}"
+  exit 1
+fi
 
 echo "setup-debian: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# dpkg's lines (a few per package) are the installation's log: scripts/run-example.sh keeps them.
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

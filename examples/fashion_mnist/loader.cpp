@@ -39,11 +39,11 @@ void run_loader(const LoaderTask& task) {
   nodal::TensorQueue queue =
       nodal::TensorQueue::open(queue_name(task.trainer, task.slot), queue_capacity(task.prefetch));
   const std::int64_t rows = plan.local_batch();
-  for (int epoch = 0; epoch < plan.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(task.first_step / plan.steps_per_epoch); epoch < plan.epochs; ++epoch) {
     const std::vector<std::int32_t> order = epoch_order(plan, epoch);
     for (std::int64_t step = 0; step < plan.steps_per_epoch; ++step) {
       const std::int64_t global_step = epoch * plan.steps_per_epoch + step;
-      if (global_step % task.loaders != task.slot) continue;
+      if (global_step < task.first_step || global_step % task.loaders != task.slot) continue;
       if (global_step == task.fail_at) {
         throw std::runtime_error(fmt::format("failure drill: loader {} of trainer {} crashes at step {}", task.slot,
                                              task.trainer, global_step));

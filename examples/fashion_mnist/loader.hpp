@@ -30,6 +30,7 @@ struct LoaderTask {
   int loaders = 1;
   int prefetch = 4;           ///< batches it may have queued
   std::int64_t fail_at = -1;  ///< failure drill: throw at this global step (-1: never)
+  std::int64_t first_step = 0;  ///< resuming from a checkpoint: the steps before it are skipped
 };
 
 /// Pixels u8 -> f32 (pixel / 255 - mean) / std, with the training set's mean and std: what the

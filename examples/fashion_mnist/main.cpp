@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -22,6 +23,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include "checkpoint.hpp"
 #include "idx.hpp"
 #include "loader.hpp"
 #include "loader_children.hpp"
@@ -55,7 +57,20 @@ int trainer_count(const Options& options, int world_size) {
   return world_size / (1 + options.loaders);
 }
 
-LoaderTask loader_task(const Options& options, const Plan& plan, const Split* train, int trainer, int slot) {
+/// Which start of the job this is (nodalrun --max-restarts): the failure drill fires in the first.
+int restart_count() {
+  const char* text = std::getenv("NODAL_RESTART_COUNT");
+  return text ? std::atoi(text) : 0;
+}
+
+/// The checkpoint to resume from (--checkpoint-every), if there is one.
+std::optional<Checkpoint> resume_point(const Options& options, const Plan& plan) {
+  if (options.checkpoint_every <= 0) return std::nullopt;
+  return load_checkpoint(options.checkpoint, plan, options);
+}
+
+LoaderTask loader_task(const Options& options, const Plan& plan, const Split* train, int trainer, int slot,
+                       std::int64_t first_step) {
   LoaderTask task;
   task.train = train;
   task.plan = plan;
@@ -63,8 +78,10 @@ LoaderTask loader_task(const Options& options, const Plan& plan, const Split* tr
   task.slot = slot;
   task.loaders = options.loaders;
   task.prefetch = options.prefetch;
-  const bool drill = options.fail_in == FailIn::loader && options.fail_rank == trainer && slot == 0;
+  const bool drill =
+      options.fail_in == FailIn::loader && options.fail_rank == trainer && slot == 0 && restart_count() == 0;
   task.fail_at = drill ? options.fail_at_step : -1;
+  task.first_step = first_step;
   return task;
 }
 
@@ -73,7 +90,9 @@ void run_loader_rank(const nodal::Context& ctx, const Options& options, const Pl
   ctx.world().split(-1, ctx.rank());  // collective: the trainers make their communicator
   const int index = ctx.rank() - plan.trainers;
   const Split train = load_split(options.data_dir, SplitKind::train);
-  run_loader(loader_task(options, plan, &train, index / options.loaders, index % options.loaders));
+  const std::optional<Checkpoint> resume = resume_point(options, plan);
+  run_loader(loader_task(options, plan, &train, index / options.loaders, index % options.loaders,
+                         resume ? resume->next_step : 0));
 }
 
 /// The test set, normalised like the training batches.
@@ -107,6 +126,8 @@ void dump_weights(const Mlp& model, const std::string& path) {
 void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& plan, Clock::time_point start) {
   const int trainer = ctx.rank();
   const bool reporter = trainer == 0;
+  const std::optional<Checkpoint> resume = resume_point(options, plan);
+  const std::int64_t first_step = resume ? resume->next_step : 0;
   std::optional<TestSet> test;
   if (reporter) test = load_test_set(options);
 
@@ -116,7 +137,7 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
   std::unique_ptr<LoaderChildren> children;
   if (options.placement == LoaderPlacement::children) {
     train = load_split(options.data_dir, SplitKind::train);
-    children = std::make_unique<LoaderChildren>(loader_task(options, plan, &*train, trainer, 0));
+    children = std::make_unique<LoaderChildren>(loader_task(options, plan, &*train, trainer, 0, first_step));
   }
   nodal::Communicator world = ctx.world();
   nodal::Communicator comm = options.placement == LoaderPlacement::ranks ? world.split(0, ctx.rank()) : world;
@@ -129,6 +150,10 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
         options.placement == LoaderPlacement::children ? "nodal::spawn children" : "ranks of the job",
         plan.global_batch, plan.shards, plan.shard_size, plan.steps_per_epoch, plan.epochs, options.learning_rate,
         options.momentum, options.seed);
+    if (resume) {
+      fmt::print("fashion_mnist: resuming from {} at step {} (epoch {}, restart {})\n", options.checkpoint, first_step,
+                 first_step / plan.steps_per_epoch + 1, restart_count());
+    }
     std::fflush(stdout);
   }
 
@@ -143,6 +168,7 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
     device = ctx.device().kind == nodal::Device::Kind::cuda ? ctx.device() : nodal::Device::cuda(0);
   }
   DataParallelTrainer trainer_state(plan, options, comm, device);
+  if (resume) trainer_state.model().restore(resume->parameters, resume->velocity);
   Progress progress(plan);
   StepTimes times;
   Summary summary;
@@ -155,12 +181,15 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
     }
   };
 
-  for (int epoch = 0; epoch < plan.epochs; ++epoch) {
+  const bool drill = options.fail_in == FailIn::trainer && trainer == options.fail_rank && restart_count() == 0;
+  for (int epoch = static_cast<int>(first_step / plan.steps_per_epoch); epoch < plan.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
+    std::int64_t steps_run = 0;
     for (std::int64_t step = 0; step < plan.steps_per_epoch; ++step) {
       const std::int64_t global_step = epoch * plan.steps_per_epoch + step;
-      if (options.fail_in == FailIn::trainer && trainer == options.fail_rank && global_step == options.fail_at_step) {
+      if (global_step < first_step) continue;  // trained before the checkpoint
+      if (drill && global_step == options.fail_at_step) {
         throw std::runtime_error(
             fmt::format("failure drill: trainer rank {} crashes at step {} (--fail-at-step)", trainer, global_step));
       }
@@ -168,12 +197,21 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
       const Batch batch = next_batch(global_step);
       times.load += seconds_since(wait_start);
       loss_sum += trainer_state.step(global_step, batch, times);
-      if (reporter) progress.step(epoch, step, loss_sum / static_cast<double>(step + 1));
+      ++steps_run;
+      if (reporter) progress.step(epoch, step, loss_sum / static_cast<double>(steps_run));
+      if (reporter && options.checkpoint_every > 0 && (global_step + 1) % options.checkpoint_every == 0) {
+        Checkpoint checkpoint = checkpoint_of(plan, options);
+        checkpoint.next_step = global_step + 1;
+        checkpoint.parameters = trainer_state.model().parameters();
+        checkpoint.velocity = trainer_state.model().velocity();
+        save_checkpoint(checkpoint, options.checkpoint);
+      }
     }
     EpochReport report;
     report.epoch = epoch;
     report.train_seconds = seconds_since(epoch_start);
-    report.train_loss = loss_sum / static_cast<double>(plan.steps_per_epoch);
+    // A resumed epoch's loss is over the steps run since the checkpoint.
+    report.train_loss = loss_sum / static_cast<double>(std::max<std::int64_t>(steps_run, 1));
     const auto eval_start = Clock::now();
     if (reporter) {
       const Mlp::Evaluation eval =
@@ -207,7 +245,7 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
   }
   if (!reporter) return;
   summary.trainers = plan.trainers;
-  summary.samples = plan.total_steps() * plan.global_batch;
+  summary.samples = (plan.total_steps() - first_step) * plan.global_batch;
   summary.wall_seconds = seconds_since(start);
   summary.load_seconds = parts[0];
   summary.compute_seconds = parts[1];

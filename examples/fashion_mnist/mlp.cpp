@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "random.hpp"
 
@@ -165,6 +168,15 @@ std::uint64_t Mlp::fingerprint() const {
   const auto* bytes = reinterpret_cast<const unsigned char*>(parameters_.data());
   for (std::size_t i = 0; i < parameters_.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
   return hash;
+}
+
+void Mlp::restore(const std::vector<float>& parameters, const std::vector<float>& velocity) {
+  if (parameters.size() != kParameterCount || velocity.size() != kParameterCount) {
+    throw std::invalid_argument(fmt::format("Mlp::restore: {} parameters and {} velocities, expected {} each",
+                                            parameters.size(), velocity.size(), kParameterCount));
+  }
+  std::copy(parameters.begin(), parameters.end(), parameters_.begin());
+  std::copy(velocity.begin(), velocity.end(), velocity_.begin());
 }
 
 }  // namespace fashion_mnist

@@ -51,6 +51,13 @@ class Mlp {
   /// FNV-1a over the parameter bytes: equal on every trainer, or data parallelism went wrong.
   std::uint64_t fingerprint() const;
 
+  /// The training state as a checkpoint holds it: parameters and momentum buffer, padded layout
+  /// (kParameterCount floats each).
+  std::vector<float> parameters() const { return {parameters_.begin(), parameters_.end()}; }
+  std::vector<float> velocity() const { return {velocity_.begin(), velocity_.end()}; }
+  /// Takes both back. Throws std::invalid_argument when a buffer is not kParameterCount floats.
+  void restore(const std::vector<float>& parameters, const std::vector<float>& velocity);
+
  private:
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 

@@ -43,7 +43,13 @@ Options parse_options(int argc, char** argv) {
                  "per trainer, CUDA IPC when trainers share one; the model itself computes on the CPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dump-weights", o.dump_weights, "rank 0 writes the final weights here (raw f32)");
-  app.add_option("--fail-at-step", o.fail_at_step, "failure drill: crash at this global step (from 0)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "trainer 0 checkpoints (weights, momentum, step) every K steps, and a restarted job resumes from the "
+                 "checkpoint (nodalrun --max-restarts); 0: never")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  app.add_option("--checkpoint", o.checkpoint, "the checkpoint file (written atomically: temporary file, then rename)");
+  app.add_option("--fail-at-step", o.fail_at_step,
+                 "failure drill: crash at this global step (from 0), in the job's first attempt only");
   app.add_option("--fail-rank", o.fail_rank, "failure drill: the trainer rank that crashes, or whose loader does");
   app.add_option("--fail-in", o.fail_in, "failure drill: trainer or loader (that trainer's first loader)")
       ->transform(CLI::CheckedTransformer(

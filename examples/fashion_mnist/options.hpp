@@ -33,7 +33,12 @@ struct Options {
   std::int64_t test_subset = 0;   ///< evaluate on the first N test samples only (0: all 10000)
   std::string device = "cpu";  ///< where the gradient allreduce runs: cpu or cuda
   std::string dump_weights;  ///< rank 0 writes the final weights (raw little-endian f32) here
-  // The failure drill: one process throws at a global step.
+  /// Every this many steps trainer 0 writes `checkpoint`, from which a restarted job (nodalrun
+  /// --max-restarts) resumes; 0: no checkpoints (and none read).
+  std::int64_t checkpoint_every = 0;
+  std::string checkpoint = "fashion_mnist.ckpt";
+  // The failure drill: one process throws at a global step, in the job's first attempt only
+  // (NODAL_RESTART_COUNT 0 or unset), so that a restarted job runs through.
   std::int64_t fail_at_step = -1;
   int fail_rank = 0;  ///< the trainer rank that fails, or whose first loader fails
   FailIn fail_in = FailIn::trainer;

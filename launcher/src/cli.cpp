@@ -6,60 +6,216 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
-#include <map>
 #include <sstream>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "program_error.hpp"
 
 namespace nodal::launcher {
+namespace {
+
+/// The most seconds a timeout or grace may be (about 32 years): more is a typo, and nanosecond
+/// clocks and timers overflow not far beyond (2^63 ns is 292 years).
+constexpr double kMaxSeconds = 1e9;
+constexpr const char* kMaxSecondsText = "1e9";
+
+/// A whole number from `min` to `max` ("2.5", "4x", "" and out-of-range values are refused).
+auto whole_number(int min, int max) {
+  return [min, max](const std::string& text) -> std::optional<int> {
+    int value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) return std::nullopt;
+    return value;
+  };
+}
+
+/// A finite number of seconds, > 0 or (`zero_ok`) >= 0, at most kMaxSeconds ("nan" and "inf" are refused).
+auto seconds(bool zero_ok) {
+  return [zero_ok](const std::string& text) -> std::optional<double> {
+    double value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) return std::nullopt;
+    if (value < 0 || (value == 0 && !zero_ok) || value > kMaxSeconds) return std::nullopt;
+    return value;
+  };
+}
+
+/// Any text but the empty one (a path, a file name).
+std::optional<std::string> non_empty(const std::string& text) {
+  return text.empty() ? std::nullopt : std::optional<std::string>(text);
+}
+
+/// nodalrun's options that take a value, each refused in the same plain words wherever it goes
+/// wrong: "--timeout -1: expected a number of seconds > 0". CLI11's own checks would answer
+/// "Check foo value in {core->2,none->1,numa->3} OR {2,1,3} FAILED" or print DBL_MAX in full, so
+/// every value comes in as text and is read here.
+class ValueOptions {
+ public:
+  explicit ValueOptions(CLI::App& app) : app_(app) {}
+
+  /// Adds the option `names` ("-n,--np": the first one names it in messages), shown in the help as
+  /// `names type`. `read(text)` returns the value to store in `target` (appended to a vector, for
+  /// a repeatable option), or nullopt to refuse the text; `expected` says what it accepts.
+  template <typename T, typename Read>
+  CLI::Option* add(const std::string& names, const std::string& type, T& target, std::string expected,
+                   const std::string& help, Read read) {
+    using Value = typename std::invoke_result_t<Read, const std::string&>::value_type;
+    constexpr bool repeatable = requires { target.push_back(std::declval<Value>()); };
+    std::string flag = names.substr(0, names.find(','));
+    auto store = [&target, flag, expected, read](const CLI::results_t& texts) {
+      for (const std::string& text : texts) {
+        std::optional<Value> value = read(text);
+        if (!value) throw UsageError(fmt::format("{} {}: expected {}", flag, text.empty() ? "''" : text, expected));
+        if constexpr (repeatable) {
+          target.push_back(std::move(*value));
+        } else {
+          target = std::move(*value);
+        }
+      }
+      return true;
+    };
+    CLI::Option* option = app_.add_option(names, CLI::callback_t(store), help)->type_name(type);
+    // Given twice, the last one counts (as with argparse, so torchrun); a repeatable one keeps them all.
+    option->multi_option_policy(repeatable ? CLI::MultiOptionPolicy::TakeAll : CLI::MultiOptionPolicy::TakeLast);
+    options_.push_back({option, std::move(flag), std::move(expected)});
+    return option;
+  }
+
+  /// Adds an option whose value is one of `choices` (in any case): "none, core or numa".
+  template <typename T>
+  CLI::Option* add_choice(const std::string& names, T& target, std::vector<std::pair<std::string, T>> choices,
+                          const std::string& help) {
+    std::vector<std::string> words;
+    for (const auto& choice : choices) words.push_back(choice.first);
+    const std::string type = fmt::format("{}", fmt::join(words, "|"));
+    std::string expected = words.back();
+    if (words.size() > 1) {
+      words.pop_back();
+      expected = fmt::format("{} or {}", fmt::join(words, ", "), expected);
+    }
+    return add(names, type, target, std::move(expected), help, [choices](const std::string& text) -> std::optional<T> {
+      auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+      for (const auto& [name, value] : choices) {
+        if (std::ranges::equal(text, name, {}, lower)) return value;
+      }
+      return std::nullopt;
+    });
+  }
+
+  /// CLI11's errors about an option added here, in the same words: argv ending where the value
+  /// should be ("--timeout: 1 required TEXT missing"), a required option left out.
+  std::string explain(const CLI::ParseError& error) const {
+    const std::string what = error.what();
+    for (const Added& added : options_) {
+      const std::string name = added.option->get_name();
+      if (what.rfind(name + ":", 0) == 0 && dynamic_cast<const CLI::ArgumentMismatch*>(&error)) {
+        return fmt::format("{} without a value: expected {}", added.flag, added.expected);
+      }
+      if (what == name + " is required") return fmt::format("{} is required: {}", added.flag, added.expected);
+    }
+    return what;
+  }
+
+ private:
+  struct Added {
+    const CLI::Option* option;
+    std::string flag;      ///< as messages name it
+    std::string expected;  ///< what it accepts, in words
+  };
+  CLI::App& app_;
+  std::vector<Added> options_;
+};
+
+}  // namespace
 
 std::optional<Options> parse_command_line(int argc, char** argv) {
   Options options;
   CLI::App app("nodalrun: start N ranks of PROGRAM on this machine and supervise them", "nodalrun");
   app.set_version_flag("--version", "nodalrun 0.1.0");
   app.prefix_command();  // everything from PROGRAM on belongs to the program
+  ValueOptions values(app);
+  const std::string ranks = fmt::format("a number of ranks from 1 to {}", kMaxRanks);
+  const std::string positive_seconds = fmt::format("a number of seconds > 0 (at most {})", kMaxSecondsText);
 
-  app.add_option("-n,--np,--nproc-per-node", options.nprocs, "number of ranks to start")
-      ->required()
-      ->check(CLI::Range(1, kMaxRanks));
-  const std::map<std::string, StartMethod> start_methods{{"spawn", StartMethod::spawn},
-                                                         {"forkserver", StartMethod::forkserver}};
-  app.add_option("--start-method", options.start_method,
-                 "spawn: fork+exec per rank; forkserver: exec once, nodal::init() forks the ranks")
-      ->transform(CLI::CheckedTransformer(start_methods, CLI::ignore_case));
-  const std::map<std::string, BindTo> bind_tos{{"none", BindTo::none}, {"core", BindTo::core}, {"numa", BindTo::numa}};
-  app.add_option("--bind-to", options.bind_to, "pin each rank to a core or NUMA node (default: core while ranks <= cores)")
-      ->transform(CLI::CheckedTransformer(bind_tos, CLI::ignore_case));
-  app.add_option("-x", options.exports, "export NAME[=VALUE] to every rank (repeatable)")
+  values
+      .add("-n,--np,--nproc-per-node", "N", options.nprocs, ranks, "number of ranks to start",
+           whole_number(1, kMaxRanks))
+      ->required();
+  values.add_choice("--start-method", options.start_method,
+                    {{"spawn", StartMethod::spawn}, {"forkserver", StartMethod::forkserver}},
+                    "spawn: fork+exec per rank; forkserver: exec once, nodal::init() forks the ranks");
+  values.add_choice("--bind-to", options.bind_to,
+                    {{"none", BindTo::none}, {"core", BindTo::core}, {"numa", BindTo::numa}},
+                    "pin each rank to a core or NUMA node (default: core while ranks <= cores)");
+  values
+      .add("-x", "NAME[=VALUE]", options.exports, "NAME or NAME=VALUE",
+           "export NAME[=VALUE] to every rank (repeatable)",
+           [](const std::string& text) -> std::optional<std::string> {
+             if (text.empty() || text.front() == '=') return std::nullopt;
+             return text;
+           })
       ->allow_extra_args(false);  // one NAME per -x: the program follows
-  app.add_option("--output-dir", options.output_dir, "also write rank.<r>.stdout/.stderr files into DIR");
-  app.add_option("--report", options.report_path, "write the job's report as JSON to FILE");
-  app.add_option("--timeout", options.timeout_seconds, "fail the job (exit 124) after SECONDS")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--grace", options.grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
-      ->check(CLI::NonNegativeNumber);
-
-  std::string shm_size = "1G";
-  app.add_option("--shm-size", shm_size, "the job's shared arena: at most SIZE (e.g. 512M, 4G), reserved as used")
-      ->capture_default_str();
-  const std::map<std::string, ShmStrategy> strategies{{"file_descriptor", ShmStrategy::file_descriptor},
-                                                      {"file_system", ShmStrategy::file_system}};
-  app.add_option("--shm-strategy", options.shm_strategy,
-                 "file_descriptor (memfd, default): nothing can leak; file_system: a file in --shm-dir others can "
-                 "attach by path, removed when the job ends")
-      ->transform(CLI::CheckedTransformer(strategies, CLI::ignore_case));
-  app.add_option("--shm-dir", options.shm_dir, "directory of the file_system strategy's arena")->capture_default_str();
-  app.add_option("--gpus", options.gpus,
-                 "all (CUDA_VISIBLE_DEVICES's entries, else every GPU) or LIST (0,1,3): each rank sees them all and "
-                 "gets NODAL_DEVICE, its own (rank / --ranks-per-gpu)");
+  values.add("--output-dir", "DIR", options.output_dir, "a directory",
+             "also write rank.<r>.stdout/.stderr files into DIR", non_empty);
+  values.add("--report", "FILE", options.report_path, "a file name", "write the job's report as JSON to FILE",
+             non_empty);
+  values.add("--timeout", "SECONDS", options.timeout_seconds, positive_seconds, "fail the job (exit 124) after SECONDS",
+             seconds(false));
+  values.add("--grace", "SECONDS", options.grace_seconds,
+             fmt::format("a number of seconds >= 0 (at most {})", kMaxSecondsText),
+             "seconds between SIGTERM and SIGKILL when stopping ranks", seconds(true));
+  values
+      .add("--shm-size", "SIZE", options.shm_size, "a size > 0 like 4096, 512M or 4G (at most 1P)",
+           "the job's shared arena: at most SIZE (e.g. 512M, 4G), reserved as used",
+           [](const std::string& text) -> std::optional<std::size_t> {
+             try {
+               std::size_t bytes = detail::parse_bytes(text);
+               return bytes > 0 ? std::optional<std::size_t>(bytes) : std::nullopt;
+             } catch (const UsageError&) {
+               return std::nullopt;
+             }
+           })
+      ->default_str("1G");
+  values.add_choice("--shm-strategy", options.shm_strategy,
+                    {{"file_descriptor", ShmStrategy::file_descriptor}, {"file_system", ShmStrategy::file_system}},
+                    "file_descriptor (memfd, default): nothing can leak; file_system: a file in --shm-dir others can "
+                    "attach by path, removed when the job ends");
+  values
+      .add("--shm-dir", "DIR", options.shm_dir, "a directory", "directory of the file_system strategy's arena",
+           non_empty)
+      ->default_str(options.shm_dir);
+  // The list's indices are checked against the machine's GPUs when the job starts (assign_gpus).
+  values.add("--gpus", "all|LIST", options.gpus, "all or GPU indices like 0,1,3",
+             "all (CUDA_VISIBLE_DEVICES's entries, else every GPU) or LIST (0,1,3): each rank sees them all and "
+             "gets NODAL_DEVICE, its own (rank / --ranks-per-gpu)",
+             non_empty);
   CLI::Option* ranks_per_gpu =
-      app.add_option("--ranks-per-gpu", options.ranks_per_gpu, "consecutive ranks that share one GPU (default 1)");
+      values.add("--ranks-per-gpu", "K", options.ranks_per_gpu, ranks,
+                 "consecutive ranks that share one GPU (default 1)", whole_number(1, kMaxRanks));
+  CLI::Option* stall_timeout = values.add(
+      "--stall-timeout", "SECONDS", options.stall_timeout_seconds, positive_seconds,
+      "when no rank has made progress in a nodal call for SECONDS while one waits, print what every rank waits for "
+      "and the waiting ranks' stacks, then fail the job (exit 125)",
+      seconds(false));
+  CLI::Option* stall_action = values.add_choice("--stall-action", options.stall_action,
+                                                {{"fail", StallAction::fail}, {"report", StallAction::report}},
+                                                "fail (default) or only report the stall and go on");
+  values.add("--max-restarts", "N", options.max_restarts,
+             fmt::format("a number of restarts from 0 to {}", kMaxRestarts),
+             "when a rank fails, stop the job and start it again, up to N times", whole_number(0, kMaxRestarts));
+  app.add_flag("-v,--verbose", options.verbose, "print the set-up steps and their timings");
 
   try {
     app.parse(argc, argv);
@@ -70,26 +226,17 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
     std::cout << "nodalrun 0.1.0\n";
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what());
-  }
-  try {
-    options.shm_size = detail::parse_bytes(shm_size);
-    if (options.shm_size == 0) throw UsageError("the arena needs at least one byte");
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("--shm-size: {}", e.what()));
+    throw UsageError(values.explain(e));
   }
   if (ranks_per_gpu->count() > 0 && !options.gpus) throw UsageError("--ranks-per-gpu needs --gpus");
-  if (options.ranks_per_gpu < 1) {
-    throw UsageError(fmt::format("--ranks-per-gpu {}: must be at least 1", options.ranks_per_gpu));
+  if (stall_action->count() > 0 && stall_timeout->count() == 0) {
+    throw UsageError("--stall-action needs --stall-timeout");
   }
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());
   if (options.command.empty()) throw UsageError("no PROGRAM given: nodalrun -n N [options] [--] PROGRAM [ARGS...]");
   if (!options.command.front().empty() && options.command.front()[0] == '-') {
     throw UsageError(fmt::format("unknown option {}", options.command.front()));
-  }
-  for (const std::string& item : options.exports) {
-    if (item.empty() || item.front() == '=') throw UsageError(fmt::format("-x '{}': expected NAME or NAME=VALUE", item));
   }
   return options;
 }

@@ -28,19 +28,32 @@ std::vector<std::string> split_list(std::string_view text) {
   }
 }
 
+/// What the driver lists, for the messages: "found 2 GPUs in /proc/driver/nvidia/gpus: 0-1".
+std::string found_gpus(int proc_gpus) {
+  if (proc_gpus <= 0) return fmt::format("found no GPU: {} is empty or missing", kProcNvidiaGpus);
+  if (proc_gpus == 1) return fmt::format("found 1 GPU in {}: 0", kProcNvidiaGpus);
+  return fmt::format("found {} GPUs in {}: 0-{}", proc_gpus, kProcNvidiaGpus, proc_gpus - 1);
+}
+
 /// `--gpus LIST` as GPU indices, written back in canonical form ("01" is "1").
 std::vector<std::string> parse_index_list(std::string_view flag, int proc_gpus) {
   constexpr const char* kExpected = "expected all or GPU indices like 0,1,3";
-  std::vector<std::string> gpus;
+  std::vector<int> indices;
   std::set<int> seen;
   for (const std::string& item : split_list(flag)) {
     if (item.empty()) throw UsageError(fmt::format("--gpus {}: empty entry; {}", flag, kExpected));
     int index = detail::parse_int(item);
     if (index < 0) throw UsageError(fmt::format("--gpus {}: '{}' is not a GPU index; {}", flag, item, kExpected));
     if (!seen.insert(index).second) throw UsageError(fmt::format("--gpus {}: GPU {} is listed twice", flag, index));
-    if (proc_gpus > 0 && index >= proc_gpus) {
-      throw UsageError(fmt::format("--gpus {}: there is no GPU {}: {} lists {} (0-{})", flag, index, kProcNvidiaGpus,
-                                   proc_gpus, proc_gpus - 1));
+    indices.push_back(index);
+  }
+  // Then the machine (a typo first: it is the same on every machine). The list is in /proc's
+  // numbering (the ranks get CUDA_DEVICE_ORDER=PCI_BUS_ID), whatever nodalrun's
+  // CUDA_VISIBLE_DEVICES says: an index without an entry there names no GPU.
+  std::vector<std::string> gpus;
+  for (int index : indices) {
+    if (index >= proc_gpus) {
+      throw UsageError(fmt::format("--gpus {}: no GPU {} on this machine ({})", flag, index, found_gpus(proc_gpus)));
     }
     gpus.push_back(std::to_string(index));
   }

@@ -28,10 +28,11 @@ int count_gpus(const char* dir = kProcNvidiaGpus);
 /// Assigns `nprocs` ranks to the GPUs of `flag` ("all" or a list like "0,1,3"), `ranks_per_gpu`
 /// (>= 1) to a GPU: rank r gets the (r / ranks_per_gpu)-th GPU. "all" means the entries of
 /// `cuda_visible_devices` (nodalrun's own CUDA_VISIBLE_DEVICES, kept as written: indices or
-/// UUIDs) when set, else GPUs 0 to `proc_gpus` - 1. `proc_gpus` (count_gpus()) also bounds the
-/// indices of a list, when it is not 0.
+/// UUIDs) when set, else GPUs 0 to `proc_gpus` - 1. A list's indices are /proc's numbering, so
+/// `proc_gpus` (count_gpus()) bounds them: without a GPU there, every list is refused.
 /// Throws UsageError with one line: a malformed list (empty entry, not an index, a GPU twice),
-/// an index beyond `proc_gpus`, no GPU at all for "all", more ranks than the GPUs can take.
+/// an index beyond `proc_gpus` (naming what was found), no GPU at all for "all", more ranks than
+/// the GPUs can take.
 GpuAssignment assign_gpus(std::string_view flag, int nprocs, int ranks_per_gpu,
                           const std::optional<std::string>& cuda_visible_devices, int proc_gpus);
 

@@ -30,7 +30,12 @@ struct RankRecord {
   std::unique_ptr<LineTagger> err;
 };
 
-enum class FailureKind { exit, signal, exception, timeout, zygote, launch };
+enum class FailureKind { exit, signal, exception, timeout, zygote, launch, stall };
+
+/// nodalrun's exit code when --timeout ends the job.
+inline constexpr int kTimeoutExitCode = 124;
+/// nodalrun's exit code when --stall-timeout finds the job stalled (--stall-action fail).
+inline constexpr int kStallExitCode = 125;
 
 /// The first failure of the job by time: it decides the report and nodalrun's exit code.
 struct Failure {
@@ -42,6 +47,17 @@ struct Failure {
   int signal = 0;
   bool oom_killed = false;
   std::string detail;  ///< words for the report's first line
+};
+
+/// One start of the job (--max-restarts), as the report lists it.
+struct AttemptRecord {
+  int number = 0;                  ///< 0: the first start
+  double started_s = 0;            ///< since nodalrun started the first attempt
+  double ended_s = 0;
+  int exit_code = 0;
+  std::optional<Failure> failure;  ///< what ended it, when it failed
+  double failed_s = 0;             ///< when it failed, since nodalrun started the first attempt
+  int interrupted_by = 0;
 };
 
 }  // namespace nodal::launcher

@@ -10,7 +10,7 @@
 
 #include "options.hpp"
 #include "program_error.hpp"
-#include "supervisor.hpp"
+#include "restarts.hpp"
 
 namespace {
 
@@ -29,8 +29,7 @@ int main(int argc, char** argv) {
     std::optional<Options> options = parse_command_line(argc, argv);
     if (!options) return 0;
     std::string program = resolve_program(options->command.front());
-    Supervisor supervisor(std::move(*options), std::move(program));
-    return supervisor.run();
+    return run_job(*options, program);
   } catch (const ProgramError& e) {
     return fail(e.exit_code(), e.what());
   } catch (const nodal::UsageError& e) {

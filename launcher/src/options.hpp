@@ -12,9 +12,13 @@ namespace nodal::launcher {
 
 enum class StartMethod { spawn, forkserver };
 enum class BindTo { automatic, none, core, numa };
+/// What nodalrun does once --stall-timeout finds the job stalled, after printing what each rank waits for.
+enum class StallAction { fail, report };
 
 /// The most ranks one nodalrun starts; beyond it a typo (-n 10000) is likelier than intent.
 inline constexpr int kMaxRanks = 1024;
+/// The most --max-restarts: more restarts of a failing job than this are a loop, not resilience.
+inline constexpr int kMaxRestarts = 1000;
 
 struct Options {
   int nprocs = 0;
@@ -34,6 +38,15 @@ struct Options {
   /// unset: the ranks get nodalrun's own CUDA_VISIBLE_DEVICES, and no NODAL_DEVICE.
   std::optional<std::string> gpus;
   int ranks_per_gpu = 1;  ///< --ranks-per-gpu: consecutive ranks sharing one GPU (needs --gpus)
+  /// --stall-timeout SECONDS: 0 none. A job in which no rank has made progress in a nodal call for
+  /// this long while one waits is stalled (a deadlock, or a rank that never calls in).
+  double stall_timeout_seconds = 0;
+  /// --stall-action fail|report: fail the job (exit 125) or only report the stall and go on.
+  /// Given without --stall-timeout it is a usage error.
+  StallAction stall_action = StallAction::fail;
+  /// --max-restarts N (0 to kMaxRestarts): a failed job is stopped and started again up to N times.
+  int max_restarts = 0;
+  bool verbose = false;  ///< --verbose, -v: print the set-up steps with their timings
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

@@ -32,6 +32,7 @@ const char* kind_name(FailureKind kind) {
     case FailureKind::timeout: return "timeout";
     case FailureKind::zygote: return "forkserver";
     case FailureKind::launch: return "launch";
+    case FailureKind::stall: return "stall";
   }
   return "unknown";
 }
@@ -122,6 +123,38 @@ void write_json_report(const JobSummary& job, const std::string& path) {
     ranks.emplace_back(std::move(o));
   }
   root["ranks"] = std::move(ranks);
+  json::array attempts;
+  for (const AttemptRecord& a : job.attempts) {
+    json::object o;
+    o["attempt"] = a.number;
+    o["started_s"] = a.started_s;
+    o["ended_s"] = a.ended_s;
+    o["exit_code"] = a.exit_code;
+    o["kind"] = a.failure ? json::value(kind_name(a.failure->kind)) : json::value(a.interrupted_by ? "interrupted" : "success");
+    o["rank"] = a.failure ? a.failure->rank : -1;
+    o["cause"] = a.failure ? a.failure->detail : std::string();
+    o["failed_s"] = a.failure ? json::value(a.failed_s) : json::value();
+    attempts.emplace_back(std::move(o));
+  }
+  root["attempts"] = std::move(attempts);
+  if (const StatusTable* table = job.wait_table) {
+    json::object o;
+    o["reason"] = table->reason;
+    o["after_start_s"] = table->after_start_s;
+    o["stalled_for_s"] = table->stalled_for_s;
+    json::array rows;
+    for (const RankStatus& row : table->rows) {
+      rows.emplace_back(json::object{{"rank", row.rank}, {"pid", row.pid}, {"state", row.state}, {"text", row.text}});
+    }
+    o["ranks"] = std::move(rows);
+    json::array stacks;
+    for (const auto& [rank, stack] : table->stacks) stacks.emplace_back(json::object{{"rank", rank}, {"stack", stack}});
+    o["stacks"] = std::move(stacks);
+    o["stacks_after_ms"] = table->stacks_after_ms;
+    root["wait_table"] = std::move(o);
+  } else {
+    root["wait_table"] = nullptr;
+  }
 
   std::ofstream file(path, std::ios::trunc);
   if (!file) throw std::system_error(errno, std::generic_category(), fmt::format("open({})", path));

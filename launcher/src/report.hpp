@@ -7,6 +7,7 @@
 
 #include "job.hpp"
 #include "options.hpp"
+#include "stall_watch.hpp"
 
 namespace nodal::launcher {
 
@@ -21,6 +22,10 @@ struct JobSummary {
   Clock::time_point ended{};
   /// When nodalrun signalled the other ranks after the first failure (for the latency figure).
   std::optional<Clock::time_point> stop_signalled{};
+  /// The last status table nodalrun printed (a stall, or SIGQUIT), if any.
+  const StatusTable* wait_table = nullptr;
+  /// Every start of the job, the last one included (--max-restarts); empty: only one start.
+  std::vector<AttemptRecord> attempts{};
 };
 
 /// One failure report, human-readable: first failing rank, pid, exit code or signal, OOM kill,

@@ -3,6 +3,9 @@
 #include <nodal/detail/control.hpp>
 #include <nodal/detail/environment.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/units.hpp>
+#include <nodal/detail/verbose.hpp>
+#include <nodal/detail/wait_table.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -43,6 +46,7 @@ constexpr std::uint64_t kTagSignal = 1;
 constexpr std::uint64_t kTagControl = 2;
 constexpr std::uint64_t kTagTimeout = 3;
 constexpr std::uint64_t kTagGrace = 4;
+constexpr std::uint64_t kTagWatch = 5;
 constexpr std::uint64_t kTagStreamBase = 16;  ///< + index into streams_
 constexpr std::size_t kLastStderrLines = 10;
 /// After the last rank is reaped, how long a pipe still held open by a rank's own child may
@@ -50,11 +54,10 @@ constexpr std::size_t kLastStderrLines = 10;
 constexpr int kDrainMs = 500;
 
 const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
-
-std::string make_job_id() {
-  std::random_device random;
-  return fmt::format("nodal-{}-{:08x}", ::getpid(), random());
-}
+/// Not forwarded: asks nodalrun for the status table (what every rank waits for) and stacks.
+constexpr int kStatusSignal = SIGQUIT;
+/// How often the stall watch reads the wait table while a diagnosis collects stacks.
+constexpr double kDiagnosisTick = 0.02;
 
 /// A TCP port free right now on 127.0.0.1, for torch.distributed's env:// rendezvous.
 int free_port() {
@@ -79,13 +82,26 @@ int make_timer() {
   return fd;
 }
 
+timespec to_timespec(double seconds) {
+  return {static_cast<time_t>(seconds), static_cast<long>((seconds - std::floor(seconds)) * 1e9)};
+}
+
 void arm_timer(int fd, double seconds) {
   itimerspec spec{};
-  seconds = std::max(seconds, 1e-6);
-  spec.it_value.tv_sec = static_cast<time_t>(seconds);
-  spec.it_value.tv_nsec = static_cast<long>((seconds - std::floor(seconds)) * 1e9);
+  spec.it_value = to_timespec(std::max(seconds, 1e-6));
   if (::timerfd_settime(fd, 0, &spec, nullptr) < 0) throw_errno("timerfd_settime");
 }
+
+/// Every `seconds`, from `seconds` on.
+void arm_periodic(int fd, double seconds) {
+  itimerspec spec{};
+  spec.it_value = spec.it_interval = to_timespec(std::max(seconds, 1e-3));
+  if (::timerfd_settime(fd, 0, &spec, nullptr) < 0) throw_errno("timerfd_settime");
+}
+
+/// The stall watch's tick: a tenth of the stall timeout, between 20 ms and 250 ms (a stall is
+/// seen at most that long after the timeout; reading the table costs a few microseconds).
+double watch_interval(double stall_timeout) { return std::clamp(stall_timeout / 10, 0.02, 0.25); }
 
 }  // namespace
 
@@ -96,16 +112,25 @@ struct Supervisor::Stream {
   bool is_stderr = false;
 };
 
-Supervisor::Supervisor(Options options, std::string program_path)
-    : options_(std::move(options)), program_(std::move(program_path)), fd_registry_(options_.nprocs) {}
+Supervisor::Supervisor(Options options, std::string program_path, Attempt attempt)
+    : options_(std::move(options)),
+      program_(std::move(program_path)),
+      attempt_(std::move(attempt)),
+      fd_registry_(options_.nprocs) {}
 
 Supervisor::~Supervisor() {
-  for (int fd : {epoll_fd_, signal_fd_, control_fd_, rank_control_fd_, timeout_fd_, grace_fd_}) {
+  for (int fd : {epoll_fd_, signal_fd_, control_fd_, rank_control_fd_, timeout_fd_, grace_fd_, watch_fd_}) {
     if (fd >= 0) ::close(fd);
   }
   for (const Stream& s : streams_) {
     if (s.fd >= 0) ::close(s.fd);
   }
+}
+
+void Supervisor::note(std::string_view step, Clock::time_point since) const {
+  if (!options_.verbose) return;
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+  write_all(STDERR_FILENO, fmt::format("nodalrun: set-up: {} in {:.2f} ms\n", step, ms));
 }
 
 void Supervisor::watch(int fd, std::uint64_t tag) {
@@ -116,13 +141,15 @@ void Supervisor::watch(int fd, std::uint64_t tag) {
 }
 
 void Supervisor::set_up() {
+  Clock::time_point step = Clock::now();
   if (options_.gpus) {  // first: an impossible layout is a usage error before anything starts
     const char* visible = std::getenv(kEnvCudaVisibleDevices);
     gpus_ = assign_gpus(*options_.gpus, options_.nprocs, options_.ranks_per_gpu,
                         visible ? std::optional<std::string>(visible) : std::nullopt, count_gpus());
+    note(fmt::format("GPUs assigned (CUDA_VISIBLE_DEVICES={})", gpus_->visible_devices), step);
   }
   started_ = Clock::now();
-  job_id_ = make_job_id();
+  job_id_ = attempt_.job_id;
   oom_kills_at_start_ = read_oom_kill_count();
 
   // Two pipes per rank stay open here: make room for 1024 ranks under a 1024-fd soft limit.
@@ -139,6 +166,7 @@ void Supervisor::set_up() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGCHLD);
   for (int sig : kForwardedSignals) sigaddset(&signals, sig);
+  sigaddset(&signals, kStatusSignal);
   if (::sigprocmask(SIG_BLOCK, &signals, nullptr) < 0) throw_errno("sigprocmask");
   signal_fd_ = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) throw_errno("signalfd");
@@ -148,17 +176,25 @@ void Supervisor::set_up() {
   std::tie(control_fd_, rank_control_fd_) = make_control_pair();
   timeout_fd_ = make_timer();
   grace_fd_ = make_timer();
+  watch_fd_ = make_timer();
   watch(signal_fd_, kTagSignal);
   watch(control_fd_, kTagControl);
   watch(timeout_fd_, kTagTimeout);
   watch(grace_fd_, kTagGrace);
+  watch(watch_fd_, kTagWatch);
 
+  step = Clock::now();
   std::string arena_path;
   if (options_.shm_strategy == ShmStrategy::file_system) {
-    arena_path = fmt::format("{}/{}", options_.shm_dir, job_id_);
+    arena_path = arena_file();
     shm_guard_ = std::make_unique<ShmGuard>(arena_path);  // before the file exists: no window to leak it
   }
   arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path);
+  create_wait_table(*arena_, options_.nprocs);
+  stall_watch_ = std::make_unique<StallWatch>(*arena_, options_.stall_timeout_seconds);
+  note(fmt::format("arena of at most {} created ({}), with the wait table of {} ranks", format_bytes(options_.shm_size),
+                   arena_path.empty() ? std::string("memfd") : arena_path, options_.nprocs),
+       step);
 
   if (options_.output_dir) {
     if (::mkdir(options_.output_dir->c_str(), 0777) < 0 && errno != EEXIST) {
@@ -167,7 +203,9 @@ void Supervisor::set_up() {
   }
   // Placement before the first fork: a rank is bound before its program runs a single
   // instruction (binding from outside after exec raced with the rank's own first threads).
+  step = Clock::now();
   placement_ = place_ranks(options_.nprocs, options_.bind_to);
+  note("placement (hwloc topology, --bind-to)", step);
   ranks_.resize(options_.nprocs);
   for (int r = 0; r < options_.nprocs; ++r) {
     ranks_[r].rank = r;
@@ -180,7 +218,8 @@ std::vector<std::string> Supervisor::base_environment() const {
                                              kEnvMasterAddr, kEnvMasterPort,      kEnvJobId,        kEnvControlFd,
                                              kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds,
                                              kEnvArenaFd,     kEnvArenaPath,       kEnvForkserverCpus,
-                                             kEnvDevice,      kEnvForkserverDevices};
+                                             kEnvDevice,      kEnvForkserverDevices, kEnvRestartCount,
+                                             kEnvTorchelasticRestartCount, kEnvTorchelasticMaxRestarts};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
@@ -204,7 +243,11 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvControlFd, std::to_string(rank_control_fd_));
   set(kEnvLauncherPid, std::to_string(::getpid()));
   set(kEnvArenaFd, std::to_string(arena_->fd()));
-  if (shm_guard_) set(kEnvArenaPath, fmt::format("{}/{}", options_.shm_dir, job_id_));
+  if (shm_guard_) set(kEnvArenaPath, arena_file());
+  set(kEnvRestartCount, std::to_string(attempt_.number));
+  set(kEnvTorchelasticRestartCount, std::to_string(attempt_.number));
+  set(kEnvTorchelasticMaxRestarts, std::to_string(options_.max_restarts));
+  if (options_.verbose) set(kEnvVerbose, "1");
   if (gpus_) {
     set(kEnvCudaVisibleDevices, gpus_->visible_devices);
     set(kEnvCudaDeviceOrder, "PCI_BUS_ID");  // the numbering of /proc/driver/nvidia/gpus
@@ -295,11 +338,14 @@ void Supervisor::start_forkserver() {
 
 int Supervisor::run() {
   set_up();
+  const Clock::time_point starting = Clock::now();
   try {
     if (options_.start_method == StartMethod::forkserver) {
       start_forkserver();
+      note("forkserver zygote started (its ranks fork once it reaches nodal::init)", starting);
     } else {
       start_spawn();
+      note(fmt::format("{} ranks started (fork+exec)", options_.nprocs), starting);
     }
   } catch (...) {
     // A fork or an open failed part-way: leave nothing running behind us. Only our ranks are
@@ -311,16 +357,27 @@ int Supervisor::run() {
     }
     throw;
   }
-  if (options_.timeout_seconds > 0) arm_timer(timeout_fd_, options_.timeout_seconds);
+  if (attempt_.deadline) arm_timer(timeout_fd_, std::chrono::duration<double>(*attempt_.deadline - Clock::now()).count());
+  if (options_.stall_timeout_seconds > 0) arm_periodic(watch_fd_, watch_interval(options_.stall_timeout_seconds));
   loop();
   // Whatever a rank left in its process group (a daemonised helper, a stuck grandchild) goes too.
   signal_all(SIGKILL);
 
-  int code = exit_code();
-  JobSummary summary{job_id_, options_, ranks_, failure_, interrupted_by_, code, started_, Clock::now(), stop_signalled_};
-  if (failure_ || interrupted_by_) write_all(STDERR_FILENO, format_failure_report(summary));
-  if (options_.report_path) write_json_report(summary, *options_.report_path);
-  return code;
+  ended_ = Clock::now();
+  if (failure_ || interrupted_by_) write_all(STDERR_FILENO, format_failure_report(summary()));
+  return exit_code();
+}
+
+JobSummary Supervisor::summary() const {
+  const std::optional<StatusTable>& table = stall_watch_->last();
+  return JobSummary{job_id_, options_,         ranks_, failure_, interrupted_by_, exit_code(), started_,
+                    ended_,  stop_signalled_, table ? &*table : nullptr};
+}
+
+std::string Supervisor::arena_file() const {
+  // A restarted job gets a new arena: its file must not collide with the last one's.
+  return attempt_.number == 0 ? fmt::format("{}/{}", options_.shm_dir, job_id_)
+                              : fmt::format("{}/{}.{}", options_.shm_dir, job_id_, attempt_.number);
 }
 
 bool Supervisor::finished() const {
@@ -366,9 +423,14 @@ void Supervisor::loop() {
         case kTagTimeout: {
           std::uint64_t expirations;
           if (::read(timeout_fd_, &expirations, sizeof expirations) > 0 && !finished()) {
-            record_failure({FailureKind::timeout, -1, -1, Clock::now(), 124, 0, false,
+            record_failure({FailureKind::timeout, -1, -1, Clock::now(), kTimeoutExitCode, 0, false,
                             fmt::format("the job passed --timeout {:g} s", options_.timeout_seconds)});
           }
+          break;
+        }
+        case kTagWatch: {
+          std::uint64_t expirations;
+          if (::read(watch_fd_, &expirations, sizeof expirations) > 0) on_watch_tick();
           break;
         }
         case kTagGrace: {
@@ -410,6 +472,13 @@ void Supervisor::on_signal() {
   while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) continue;  // reaped by the caller
+    if (sig == kStatusSignal) {
+      if (!finished() && !stall_watch_->diagnosing()) {
+        stall_watch_->begin_diagnosis(ranks_, started_, Clock::now(), "status requested (SIGQUIT)");
+        arm_periodic(watch_fd_, kDiagnosisTick);
+      }
+      continue;
+    }
     if (sig == SIGINT && ++sigint_count_ >= 2) {
       write_all(STDERR_FILENO, "nodalrun: second SIGINT: killing every rank now\n");
       for (RankRecord& r : ranks_) r.killed_after_grace = r.pid > 0 && !r.reaped;
@@ -444,6 +513,9 @@ void Supervisor::on_control() {
         RankRecord& rank = ranks_[message->rank];
         rank.pid = message->pid;
         rank.started = Clock::now();
+        // The zygote's preload: from its start to the first fork, the program's own start-up.
+        if (rank.rank == 0) note("forkserver zygote loaded the program and reached nodal::init (from the job's start)", started_);
+        if (rank.rank == options_.nprocs - 1) note(fmt::format("forkserver: all {} ranks forked (from the job's start)", options_.nprocs), started_);
         if (stopping_) ::kill(-rank.pid, SIGTERM);  // forked while we were already stopping
         break;
       }
@@ -459,6 +531,9 @@ void Supervisor::on_control() {
         break;
       case ControlKind::fd_reply:
         break;  // only ever sent on a reply socket
+      case ControlKind::wait_stack:
+        stall_watch_->on_stack(message->rank, std::move(message->text));
+        break;
     }
   }
 }
@@ -534,6 +609,31 @@ void Supervisor::on_zygote_exit(int status) {
     if (WIFSIGNALED(status)) failure.signal = WTERMSIG(status);
   }
   record_failure(std::move(failure));
+}
+
+void Supervisor::on_watch_tick() {
+  const Clock::time_point now = Clock::now();
+  if (!stopping_ && stall_watch_->stalled(ranks_, now)) {
+    const double quiet = stall_watch_->quiet_for_s(now);
+    stall_watch_->begin_diagnosis(
+        ranks_, started_, now,
+        fmt::format("stall: no rank has finished a nodal call or exited for {:.1f} s (--stall-timeout {:g}){}", quiet,
+                    options_.stall_timeout_seconds,
+                    options_.stall_action == StallAction::fail ? "; failing the job" : "; reporting only"));
+    fail_after_diagnosis_ = options_.stall_action == StallAction::fail;
+    arm_periodic(watch_fd_, kDiagnosisTick);
+  }
+  if (!stall_watch_->finish_diagnosis(now)) return;
+  // Back to the slow tick (or none).
+  itimerspec off{};
+  ::timerfd_settime(watch_fd_, 0, &off, nullptr);
+  if (options_.stall_timeout_seconds > 0) arm_periodic(watch_fd_, watch_interval(options_.stall_timeout_seconds));
+  if (std::exchange(fail_after_diagnosis_, false) && !failure_) {
+    record_failure({FailureKind::stall, -1, -1, now, kStallExitCode, 0, false,
+                    fmt::format("the job stalled: no rank finished a nodal call or exited for {:g} s "
+                                "(--stall-timeout); the table above says what each rank waits for",
+                                options_.stall_timeout_seconds)});
+  }
 }
 
 void Supervisor::record_failure(Failure failure) {

@@ -13,25 +13,40 @@
 #include "job.hpp"
 #include "options.hpp"
 #include "placement.hpp"
+#include "report.hpp"
 #include "shm_guard.hpp"
+#include "stall_watch.hpp"
 
 namespace nodal::launcher {
 
-/// Runs one job from start to the last reaped rank. Single-threaded by design: one epoll loop
+/// Which attempt of the job a Supervisor runs (restarts.hpp starts one per attempt).
+struct Attempt {
+  std::string job_id;  ///< the same for every attempt (NODAL_JOB_ID)
+  int number = 0;      ///< 0 for the first start; NODAL_RESTART_COUNT
+  /// When --timeout ends the whole job, across attempts (none without --timeout).
+  std::optional<Clock::time_point> deadline;
+};
+
+/// Runs one attempt of a job from start to the last reaped rank. Single-threaded by design: one epoll loop
 /// over signalfd (SIGCHLD and the forwarded signals), the control socket, two timerfds
 /// (--timeout, --grace) and every rank's stdout/stderr pipe, so failure detection costs one
 /// wake-up and output lines are written whole, in order.
 class Supervisor {
  public:
-  Supervisor(Options options, std::string program_path);
+  Supervisor(Options options, std::string program_path, Attempt attempt);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
-  /// Starts the ranks, supervises them, prints the failure report (and writes --report).
-  /// Returns nodalrun's exit code: 0, the first failing rank's code, 128+signal, 124 (timeout).
+  /// Starts the ranks, supervises them, prints the failure report. Returns the attempt's exit
+  /// code: 0, the first failing rank's code, 128+signal, 124 (timeout), 125 (stall).
   /// Throws std::system_error when the job cannot be set up (no rank is left running then).
   int run();
+  /// What happened, once run() returned (for the --report of the whole job).
+  JobSummary summary() const;
+  const std::optional<Failure>& failure() const { return failure_; }
+  int interrupted_by() const { return interrupted_by_; }
+  Clock::time_point started() const { return started_; }
 
  private:
   struct Stream;
@@ -42,6 +57,8 @@ class Supervisor {
   void start_forkserver();
   void open_rank_pipes(RankRecord& rank, int& out_write, int& err_write);
   void watch(int fd, std::uint64_t tag);
+  /// --verbose: one line saying a set-up step took so long.
+  void note(std::string_view step, Clock::time_point since) const;
   void loop();
   bool finished() const;
   void on_signal();
@@ -50,14 +67,18 @@ class Supervisor {
   void on_output(std::size_t stream_index);
   void on_rank_exit(RankRecord& rank, int status);
   void on_zygote_exit(int status);
+  void on_watch_tick();
   void record_failure(Failure failure);
   void stop_ranks();
   void signal_all(int sig);
   bool oom_kill_count_rose() const;
   int exit_code() const;
+  std::string arena_file() const;  ///< the file_system strategy's arena
 
   Options options_;
   std::string program_;
+  Attempt attempt_;
+  Clock::time_point ended_{};
   std::optional<GpuAssignment> gpus_;  ///< --gpus
   FdRegistry fd_registry_;
   std::string job_id_;
@@ -79,6 +100,9 @@ class Supervisor {
   int rank_control_fd_ = -1;  ///< the ranks' end
   int timeout_fd_ = -1;
   int grace_fd_ = -1;
+  int watch_fd_ = -1;  ///< the stall watch's tick (--stall-timeout, or a diagnosis under way)
+  std::unique_ptr<StallWatch> stall_watch_;
+  bool fail_after_diagnosis_ = false;  ///< the diagnosis under way is of a stall to fail the job for
   std::unique_ptr<ShmGuard> shm_guard_;  ///< file_system strategy only; declared before the arena
   std::unique_ptr<Arena> arena_;
 };

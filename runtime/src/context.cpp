@@ -7,12 +7,15 @@
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
+#include <nodal/detail/verbose.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -182,6 +185,7 @@ std::atomic<int> g_rank{0};
 Context init() {
   std::lock_guard lock(g_mutex);
   if (g_context) return *g_context;
+  const auto started = std::chrono::steady_clock::now();
 
   if (getenv_or_empty(kEnvStartMethod) == "forkserver" && getenv_or_empty(kEnvRank).empty()) {
     fork_ranks_as_zygote();
@@ -202,7 +206,10 @@ Context init() {
   ctx.launched_ = !ctx.job_id_.empty();
   if (!ctx.launched_) ctx.job_id_ = fmt::format("singleton-{}", ::getpid());
 
-  if (int arena_fd = env_int(kEnvArenaFd, -1); arena_fd >= 0) set_job_arena(Arena::attach(arena_fd));
+  if (int arena_fd = env_int(kEnvArenaFd, -1); arena_fd >= 0) {
+    set_job_arena(Arena::attach(arena_fd));
+    bind_wait_record(ctx.rank_);
+  }
 
   int control_fd = env_int(kEnvControlFd, -1);
   if (control_fd >= 0) set_cloexec(control_fd, true);  // the rank's own children must not report
@@ -211,6 +218,9 @@ Context init() {
   g_control_fd.store(control_fd);
 
   g_context = ctx;
+  note_step(fmt::format("nodal::init (rank {} of {}, arena {})", ctx.rank_, ctx.world_size_,
+                        ctx.launched_ ? "attached" : "not made yet"),
+            started);
   return ctx;
 }
 

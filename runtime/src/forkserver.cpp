@@ -3,6 +3,7 @@
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/verbose.hpp>
 
 #include <pthread.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -192,6 +194,7 @@ Error server_lost() {
 /// Starts the server unless one runs. The caller holds g_server.mutex.
 void start_server_locked(std::string_view caller) {
   if (g_server.pid > 0) return;
+  const auto started = std::chrono::steady_clock::now();
   // Checked before the threads: CUDA's runtime may have started threads of its own, and the
   // reason to give then is CUDA. A server started before CUDA was used is a clean copy, and
   // stays usable whatever the program does with CUDA afterwards.
@@ -234,6 +237,7 @@ void start_server_locked(std::string_view caller) {
   ::close(fds[1]);
   g_server.pid = pid;
   g_server.fd = fds[0];
+  note_step(fmt::format("{}: fork server started (pid {})", caller, pid), started);
 }
 
 }  // namespace

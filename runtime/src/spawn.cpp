@@ -7,6 +7,7 @@
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -89,6 +90,7 @@ std::atomic<int> g_spawn_calls{0};
 /// the atexit handlers and static destructors that are the parent's to run.
 [[noreturn]] void run_rank(const std::function<void(int)>& fn, int rank, int control_fd) noexcept {
   g_in_child = true;
+  unbind_wait_record();  // the parent's row in the wait table is the parent's
   try {
     fn(rank);
   } catch (...) {

@@ -3,6 +3,7 @@
 #include <nodal/sync.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <signal.h>
 #include <unistd.h>
@@ -15,23 +16,49 @@ namespace nodal {
 namespace detail {
 
 struct LockState {
+  explicit LockState(std::string_view lock_name = {}) : name(lock_name) {}
   WaitWord word;
   std::atomic<std::uint32_t> locked{0};
   std::atomic<std::int32_t> owner{0};  ///< pid of the holder, 0 when free
+  const ObjectName name;
 };
 
 struct EventState {
+  explicit EventState(std::string_view event_name) : name(event_name) {}
   WaitWord word;
   std::atomic<std::uint32_t> flag{0};
+  const ObjectName name;
 };
 
 struct BarrierState {
-  explicit BarrierState(int n) : parties(n) {}
+  BarrierState(int n, std::string_view barrier_name) : parties(n), name(barrier_name) {}
   WaitWord word;
   std::atomic<std::uint32_t> arrived{0};
   std::atomic<std::uint32_t> generation{0};
   const int parties;
+  const ObjectName name;
 };
+
+namespace {
+
+/// The wait table's lines for a Lock, Event or Barrier wait (wait_record.hpp).
+void describe_lock(const void* self, std::string& what, std::string& waiting_for) {
+  const LockState& state = *static_cast<const LockState*>(self);
+  what = fmt::format("Lock '{}' lock", state.name.text);
+  waiting_for = fmt::format("pid {} to unlock it", state.owner.load(std::memory_order_relaxed));
+}
+void describe_event(const void* self, std::string& what, std::string& waiting_for) {
+  what = fmt::format("Event '{}' wait", static_cast<const EventState*>(self)->name.text);
+  waiting_for = "a set()";
+}
+void describe_barrier(const void* self, std::string& what, std::string& waiting_for) {
+  const BarrierState& state = *static_cast<const BarrierState*>(self);
+  what = fmt::format("Barrier '{}' wait ({} parties)", state.name.text, state.parties);
+  waiting_for = fmt::format("{} more parties to arrive",
+                            state.parties - static_cast<int>(state.arrived.load(std::memory_order_relaxed)));
+}
+
+}  // namespace
 
 namespace {
 
@@ -44,11 +71,11 @@ bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 ||
 
 void* open_locked_block(const std::string& kind, const std::string& name, std::size_t bytes, const void* initial,
                         LockState** lock) {
-  // [LockState][pad to 64][data]
-  constexpr std::size_t kDataOffset = 64;
+  // [LockState][pad to 128][data]
+  constexpr std::size_t kDataOffset = 128;
   static_assert(sizeof(LockState) <= kDataOffset);
   void* block = job_arena().find_or_create(object_name(kind, name).c_str(), kDataOffset + bytes, 64, [&](void* where) {
-    new (where) LockState();
+    new (where) LockState(name);
     auto* data = static_cast<std::byte*>(where) + kDataOffset;
     if (initial) {
       std::memcpy(data, initial, bytes);
@@ -63,7 +90,8 @@ void* open_locked_block(const std::string& kind, const std::string& name, std::s
 }  // namespace detail
 
 Lock Lock::open(const std::string& name) {
-  return Lock(&detail::job_arena().find_or_construct<detail::LockState>(detail::object_name("lock", name).c_str()));
+  return Lock(
+      &detail::job_arena().find_or_construct<detail::LockState>(detail::object_name("lock", name).c_str(), name));
 }
 
 bool Lock::try_lock() {
@@ -74,6 +102,7 @@ bool Lock::try_lock() {
 }
 
 void Lock::lock(Timeout timeout) {
+  detail::BlockingCall blocking(&detail::describe_lock, state_);
   std::uint32_t attempts = 0;
   detail::wait_until(
       state_->word,
@@ -100,7 +129,8 @@ void Lock::unlock() {
 }
 
 Event Event::open(const std::string& name) {
-  return Event(&detail::job_arena().find_or_construct<detail::EventState>(detail::object_name("event", name).c_str()));
+  return Event(
+      &detail::job_arena().find_or_construct<detail::EventState>(detail::object_name("event", name).c_str(), name));
 }
 
 void Event::set() {
@@ -113,13 +143,14 @@ void Event::clear() { state_->flag.store(0, std::memory_order_release); }
 bool Event::is_set() const { return state_->flag.load(std::memory_order_acquire) != 0; }
 
 void Event::wait(Timeout timeout) {
+  detail::BlockingCall blocking(&detail::describe_event, state_);
   detail::wait_until(state_->word, [&] { return is_set(); }, detail::Deadline::after(timeout), "Event::wait");
 }
 
 Barrier Barrier::open(const std::string& name, int parties) {
   if (parties < 1) throw UsageError(fmt::format("Barrier::open({}): parties must be >= 1, not {}", name, parties));
   auto& state = detail::job_arena().find_or_construct<detail::BarrierState>(
-      detail::object_name("barrier", name).c_str(), parties);
+      detail::object_name("barrier", name).c_str(), parties, name);
   if (state.parties != parties) {
     throw UsageError(fmt::format("Barrier '{}' exists for {} parties, not {}", name, state.parties, parties));
   }
@@ -129,6 +160,7 @@ Barrier Barrier::open(const std::string& name, int parties) {
 int Barrier::parties() const { return state_->parties; }
 
 void Barrier::wait(Timeout timeout) {
+  detail::BlockingCall blocking(&detail::describe_barrier, state_);
   std::uint32_t generation = state_->generation.load(std::memory_order_acquire);
   if (state_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(state_->parties)) {
     state_->arrived.store(0, std::memory_order_relaxed);

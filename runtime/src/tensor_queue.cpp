@@ -4,6 +4,7 @@
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -45,13 +46,15 @@ struct Cell {
 inline std::uint64_t cell_count(std::uint64_t capacity) { return std::max<std::uint64_t>(capacity, 2); }
 
 struct QueueState {
-  explicit QueueState(std::uint64_t n) : capacity(n), cell_count(detail::cell_count(n)) {
+  QueueState(std::uint64_t n, std::string_view queue_name)
+      : capacity(n), cell_count(detail::cell_count(n)), name(queue_name) {
     for (std::uint64_t i = 0; i < cell_count; ++i) new (&cells()[i]) Cell{{i}, {}};
   }
   Cell* cells() { return reinterpret_cast<Cell*>(this + 1); }
 
   const std::uint64_t capacity;
   const std::uint64_t cell_count;
+  const ObjectName name;
   alignas(64) std::atomic<std::uint64_t> enqueue_pos{0};
   alignas(64) std::atomic<std::uint64_t> dequeue_pos{0};
   alignas(64) WaitWord not_empty;
@@ -179,14 +182,34 @@ TensorQueue TensorQueue::open(const std::string& name, std::size_t capacity) {
   void* state = nullptr;
   try {
     state = detail::job_arena().find_or_create(object.c_str(), bytes, alignof(detail::QueueState),
-                                               [&](void* where) { new (where) detail::QueueState(capacity); });
+                                               [&](void* where) { new (where) detail::QueueState(capacity, name); });
   } catch (const UsageError&) {
     throw UsageError(fmt::format("TensorQueue '{}' exists with another capacity than {}", name, capacity));
   }
   return TensorQueue(static_cast<detail::QueueState*>(state));
 }
 
+namespace {
+
+/// A put or get as the wait table shows it (wait_record.hpp).
+struct QueueCall {
+  const TensorQueue& queue;
+  const detail::QueueState& state;
+  bool is_put;
+
+  static void describe(const void* self, std::string& what, std::string& waiting_for) {
+    const QueueCall& call = *static_cast<const QueueCall*>(self);
+    what = fmt::format("TensorQueue '{}' {}", call.state.name.text, call.is_put ? "put" : "get");
+    waiting_for = call.is_put ? fmt::format("a get (the queue is full: {} items)", call.queue.size())
+                              : std::string("a put (the queue is empty)");
+  }
+};
+
+}  // namespace
+
 void TensorQueue::put(QueueItem item, std::optional<std::chrono::nanoseconds> timeout) {
+  const QueueCall described{*this, *state_, true};
+  detail::BlockingCall blocking(&QueueCall::describe, &described);
   if (closed()) throw UsageError("TensorQueue::put on a closed queue");
   if (item.tensor.dim() > Tensor::kMaxDims) {
     throw UsageError(fmt::format("TensorQueue::put: {} dimensions, at most {}", item.tensor.dim(), Tensor::kMaxDims));
@@ -208,6 +231,8 @@ void TensorQueue::put(QueueItem item, std::optional<std::chrono::nanoseconds> ti
 }
 
 std::optional<QueueItem> TensorQueue::get(std::optional<std::chrono::nanoseconds> timeout) {
+  const QueueCall described{*this, *state_, false};
+  detail::BlockingCall blocking(&QueueCall::describe, &described);
   detail::ItemHandle handle;
   bool got = false;
   detail::wait_until(

@@ -4,6 +4,7 @@
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <linux/futex.h>
 #include <sched.h>
@@ -104,8 +105,19 @@ bool Waiter::spin() {
                                             : std::chrono::duration_cast<Clock::duration>(kSpinTime));
 }
 
+Waiter::~Waiter() {
+  if (entry_) end_waiting(entry_);
+}
+
 void Waiter::sleep(WaitWord& word, std::uint32_t seen) {
   check();
+  // Only a waiter that sleeps is worth a line in the wait table: the description costs far less
+  // than the spinning before it, and nothing on the fast path.
+  if (!entry_) {
+    entry_ = begin_waiting(what_);
+  } else {
+    refresh_waiting(entry_, what_);
+  }
   std::chrono::nanoseconds slice = kSleepSlice;
   if (deadline_.at) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline_.at - Clock::now()));
   if (slice.count() <= 0) return;  // check() throws on the next round

@@ -100,5 +100,41 @@ TEST_P(FailureDrill, TheCrashIsReportedAndNothingIsLeftBehind) {
 
 INSTANTIATE_TEST_SUITE_P(Crashing, FailureDrill, ::testing::Values("trainer", "loader"));
 
+/// The weights fingerprint the summary prints ("" when it is missing).
+std::string fingerprint_of(const std::string& out) {
+  const std::string key = "weights fingerprint ";
+  std::size_t at = out.find(key);
+  return at == std::string::npos ? std::string() : out.substr(at + key.size(), 16);
+}
+
+TEST_P(FailureDrill, ARestartResumesFromTheCheckpointToTheSameWeights) {
+  const std::vector<std::string> run_args = {kFashionMnist, "--train-subset", "4096", "--epochs", "2", "--test-subset",
+                                             "500"};
+  std::vector<std::string> undisturbed = {"-n", "2"};
+  undisturbed.insert(undisturbed.end(), run_args.begin(), run_args.end());
+  undisturbed.insert(undisturbed.end(), {"--dump-weights", dir_ / "undisturbed"});
+  ChildResult reference = run(nodalrun_command(undisturbed), 120s);
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+
+  // The crash at step 21 (of 32) comes after the checkpoint of step 20 and before the next one:
+  // the restarted job retrains step 20 from the checkpoint's weights and momentum.
+  std::vector<std::string> drill = {"-n", "2", "--max-restarts", "1", "--report", dir_ / "report.json"};
+  drill.insert(drill.end(), run_args.begin(), run_args.end());
+  drill.insert(drill.end(), {"--checkpoint-every", "4", "--checkpoint", dir_ / "ckpt", "--fail-at-step", "21",
+                             "--fail-rank", "1", "--fail-in", GetParam(), "--dump-weights", dir_ / "restarted"});
+  ChildResult r = run(nodalrun_command(drill), 120s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "failure drill")) << "the drill never fired: " << r.err;
+  EXPECT_TRUE(contains(r.err, "nodalrun: restarting the job (restart 1 of 1)")) << r.err;
+  EXPECT_TRUE(contains(r.out, "resuming from " + (dir_ / "ckpt") + " at step 20")) << r.out;
+  EXPECT_EQ(fingerprint_of(r.out), fingerprint_of(reference.out)) << r.out;
+  EXPECT_EQ(first_difference(read_file(dir_ / "restarted"), read_file(dir_ / "undisturbed")), "equal");
+  const std::string report = read_file(dir_ / "report.json");
+  EXPECT_TRUE(contains(report, R"("attempt":0)") && contains(report, R"("attempt":1)")) << report;
+  EXPECT_TRUE(contains(report, R"("kind":"success")")) << report;
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt.tmp")) << "a temporary checkpoint was left behind";
+}
+
 }  // namespace
 }  // namespace nodal::testing

@@ -192,14 +192,15 @@ TEST(BadInput, ClearErrorsAndNoRankStarted) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{"-n", "0", "/usr/bin/touch", marker}, 2, "--np: Value 0 not in range"},
-      {{"-n", "5000", "/usr/bin/touch", marker}, 2, "--np: Value 5000 not in range 1 to 1024"},
-      {{"-n", "two", "/usr/bin/touch", marker}, 2, "--np"},
+      {{"-n", "0", "/usr/bin/touch", marker}, 2, "-n 0: expected a number of ranks from 1 to 1024"},
+      {{"-n", "5000", "/usr/bin/touch", marker}, 2, "-n 5000: expected a number of ranks from 1 to 1024"},
+      {{"-n", "two", "/usr/bin/touch", marker}, 2, "-n two: expected"},
       {{"--bogus", "-n", "2", "/usr/bin/touch", marker}, 2, "unknown option --bogus"},
-      {{"-n", "2", "--start-method", "teleport", "/usr/bin/touch", marker}, 2, "--start-method"},
-      {{"-n", "2", "--timeout", "-1", "/usr/bin/touch", marker}, 2, "--timeout"},
+      {{"-n", "2", "--start-method", "teleport", "/usr/bin/touch", marker}, 2,
+       "--start-method teleport: expected spawn or forkserver"},
+      {{"-n", "2", "--timeout", "-1", "/usr/bin/touch", marker}, 2, "--timeout -1: expected a number of seconds > 0"},
       {{"-n", "2"}, 2, "no PROGRAM given"},
-      {{"/usr/bin/touch", marker}, 2, "--np"},
+      {{"/usr/bin/touch", marker}, 2, "-n is required"},
       {{"-n", "2", "/no/such/program", marker}, 127, "/no/such/program: no such file"},
       {{"-n", "2", "no-such-program-anywhere"}, 127, "no-such-program-anywhere: command not found"},
       {{"-n", "2", not_executable}, 126, not_executable + ": not executable"},

@@ -181,37 +181,48 @@ int driver_gpus() {
   return count;
 }
 
-// No GPU is touched: these check the environment and the device each rank is given.
+// No GPU is touched: these check the environment and the device each rank is given. `--gpus all`
+// takes nodalrun's CUDA_VISIBLE_DEVICES as it is, so they run on a machine without a GPU too.
 TEST(Gpus, EveryRankSeesTheListAndGetsItsOwnDevice) {
-  if (driver_gpus() == 1) GTEST_SKIP() << "--gpus 0,1 needs a second GPU where the driver lists any";
   for (const std::string method : {"spawn", "forkserver"}) {
-    ChildResult r = run(nodalrun_command({"--gpus", "0,1", "-n", "4", "--ranks-per-gpu", "2", "--start-method", method,
+    ChildResult r = run(nodalrun_command({"--gpus", "all", "-n", "4", "--ranks-per-gpu", "2", "--start-method", method,
                                           kRankProgram, "gpu"}),
-                        60s, {"CUDA_VISIBLE_DEVICES=7", "NODAL_DEVICE=5", "CUDA_DEVICE_ORDER=FASTEST_FIRST"});  // replaced
+                        60s, {"CUDA_VISIBLE_DEVICES=0,1", "NODAL_DEVICE=5", "CUDA_DEVICE_ORDER=FASTEST_FIRST"});
     ASSERT_EQ(r.exit_code, 0) << method << ": " << r.err;
     auto env = env_by_rank(r.out);
     ASSERT_EQ(env.size(), 4u) << r.out;
     for (int rank = 0; rank < 4; ++rank) {
       EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1") << method;
-      EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID") << method;  // /proc's numbering
-      EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank / 2)) << method;
+      EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID") << method;         // /proc's numbering
+      EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank / 2)) << method;  // not nodalrun's 5
       EXPECT_EQ(env[rank]["NODAL_FORKSERVER_DEVICES"], "<unset>") << method;
       EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank / 2)) << method;
     }
   }
 }
 
-TEST(Gpus, AllMeansNodalrunsCudaVisibleDevices) {
-  ChildResult r = run(nodalrun_command({"--gpus", "all", "-n", "2", kRankProgram, "gpu"}), 60s,
-                      {"CUDA_VISIBLE_DEVICES=0,1"});
+TEST(Gpus, AListReplacesNodalrunsCudaVisibleDevices) {
+  if (driver_gpus() == 0) GTEST_SKIP() << "--gpus 0 needs a GPU in /proc/driver/nvidia/gpus";
+  ChildResult r = run(nodalrun_command({"--gpus", "0", "-n", "2", "--ranks-per-gpu", "2", kRankProgram, "gpu"}), 60s,
+                      {"CUDA_VISIBLE_DEVICES=7"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto env = env_by_rank(r.out);
   for (int rank : {0, 1}) {
-    EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1");
-    EXPECT_EQ(env[rank]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
-    EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank));
-    EXPECT_EQ(env[rank]["device"], "cuda:" + std::to_string(rank));
+    EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0");
+    EXPECT_EQ(env[rank]["NODAL_DEVICE"], "0");
   }
+}
+
+TEST(Gpus, AListNamingAGpuThatIsNotThereExitsTwo) {
+  if (driver_gpus() >= 6) GTEST_SKIP() << "this machine has a GPU 5";
+  ChildResult r = run(nodalrun_command({"--gpus", "5", "-n", "1", "true"}));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  const std::string found = driver_gpus() == 0
+                                ? "found no GPU: /proc/driver/nvidia/gpus is empty or missing"
+                                : "found " + std::to_string(driver_gpus()) + " GPU";  // then s, where, which
+  EXPECT_EQ(r.err.rfind("nodalrun: --gpus 5: no GPU 5 on this machine (" + found, 0), 0u) << r.err;
+  EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(Gpus, WithoutGpusRanksKeepNodalrunsEnvironmentAndTheCpu) {

@@ -39,8 +39,8 @@ TEST(GpuAssignment, ConsecutiveRanksShareAGpuAndEveryRankSeesTheWholeList) {
   EXPECT_EQ(partial.device_of_rank, (std::vector<int>{0, 0, 1, 1, 2}));
 }
 
-TEST(GpuAssignment, ListIsCanonicalAndUncheckedWhenProcListsNoGpu) {
-  GpuAssignment a = assign_gpus(" 07, 1", 2, 1, std::nullopt, 0);  // no /proc entries: no bound to check
+TEST(GpuAssignment, ListIsCanonical) {
+  GpuAssignment a = assign_gpus(" 07, 1", 2, 1, std::nullopt, 8);
   EXPECT_EQ(a.visible_devices, "7,1");
   // CUDA_VISIBLE_DEVICES of nodalrun does not change what a list means.
   EXPECT_EQ(assign_gpus("1", 1, 1, std::string("GPU-abc"), 2).visible_devices, "1");
@@ -59,7 +59,8 @@ TEST(GpuAssignment, AllMeansEveryGpuInProcOtherwise) {
   EXPECT_EQ(a.device_of_rank, (std::vector<int>{0, 1, 2, 3}));
 }
 
-TEST(GpuAssignment, RefusesMalformedLists) {
+TEST(GpuAssignment, RefusesMalformedListsBeforeLookingAtTheMachine) {
+  // proc_gpus 0: a typo is named as such, not as a GPU that is missing.
   EXPECT_EQ(refusal("0,,1", 2, 1, std::nullopt, 0), "--gpus 0,,1: empty entry; expected all or GPU indices like 0,1,3");
   EXPECT_EQ(refusal("", 1, 1, std::nullopt, 0), "--gpus : empty entry; expected all or GPU indices like 0,1,3");
   EXPECT_EQ(refusal("0,", 1, 1, std::nullopt, 0), "--gpus 0,: empty entry; expected all or GPU indices like 0,1,3");
@@ -74,7 +75,17 @@ TEST(GpuAssignment, RefusesMalformedLists) {
 
 TEST(GpuAssignment, RefusesAnIndexBeyondTheGpusInProc) {
   EXPECT_EQ(refusal("0,2", 2, 1, std::nullopt, 2),
-            "--gpus 0,2: there is no GPU 2: /proc/driver/nvidia/gpus lists 2 (0-1)");
+            "--gpus 0,2: no GPU 2 on this machine (found 2 GPUs in /proc/driver/nvidia/gpus: 0-1)");
+  EXPECT_EQ(refusal("1", 1, 1, std::nullopt, 1),
+            "--gpus 1: no GPU 1 on this machine (found 1 GPU in /proc/driver/nvidia/gpus: 0)");
+}
+
+TEST(GpuAssignment, RefusesEveryListWithoutAnyGpuInProc) {
+  const std::string none = "found no GPU: /proc/driver/nvidia/gpus is empty or missing";
+  EXPECT_EQ(refusal("5", 1, 1, std::nullopt, 0), "--gpus 5: no GPU 5 on this machine (" + none + ")");
+  EXPECT_EQ(refusal("0", 1, 1, std::nullopt, 0), "--gpus 0: no GPU 0 on this machine (" + none + ")");
+  // nodalrun's CUDA_VISIBLE_DEVICES names no GPU of /proc's numbering: it does not make a list valid.
+  EXPECT_EQ(refusal("0,1", 2, 1, std::string("0,1"), 0), "--gpus 0,1: no GPU 0 on this machine (" + none + ")");
 }
 
 TEST(GpuAssignment, RefusesAllWithoutAnyGpu) {
@@ -94,7 +105,7 @@ TEST(GpuAssignment, RefusesMoreRanksThanFit) {
   EXPECT_EQ(refusal("all", 5, 2, std::string("0,1"), 0),
             "-n 5 ranks on 2 GPUs with --ranks-per-gpu 2: at most 4 ranks fit; raise --ranks-per-gpu to 3 or give "
             "more GPUs");
-  EXPECT_EQ(refusal("0", 2, 1, std::nullopt, 0),
+  EXPECT_EQ(refusal("0", 2, 1, std::nullopt, 1),
             "-n 2 ranks on 1 GPU with --ranks-per-gpu 1: at most 1 ranks fit; raise --ranks-per-gpu to 2 or give "
             "more GPUs");
 }

@@ -29,6 +29,7 @@
 #include <nodal/errors.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/verbose.hpp>
 #include <nodal/detail/wait.hpp>
 
 #include <cuda_runtime.h>
@@ -96,6 +97,7 @@ class NcclBackend final : public GpuBackend {
  public:
   NcclBackend(CommState& comm, int device) : comm_(comm), device_(device), label_(comm.name) {
     DeviceGuard guard(device_);
+    const auto started = std::chrono::steady_clock::now();
     try {
       const auto deadline = Deadline::after(nccl::init_timeout_from(getenv_or_empty("NODAL_NCCL_INIT_TIMEOUT")));
       const ncclUniqueId id = exchange_id(deadline);
@@ -112,6 +114,8 @@ class NcclBackend final : public GpuBackend {
       cuda_check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
       cuda_check(cudaMalloc(&barrier_word_, 64), "cudaMalloc (barrier word)");
       cuda_check(cudaMemset(barrier_word_, 0, 64), "cudaMemset (barrier word)");
+      note_step(fmt::format("NCCL communicator '{}' of {} ranks created on cuda:{}", label_, comm_.size, device_),
+                started);
     } catch (...) {
       // No destructor runs for a half-made object: give back what was made.
       abort_nccl("failed to start");

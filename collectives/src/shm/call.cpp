@@ -5,12 +5,15 @@
 #include "shm/vector_collectives.hpp"
 
 #include <nodal/errors.hpp>
+#include <nodal/detail/units.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <algorithm>
 #include <limits>
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace nodal::detail {
 namespace {
@@ -54,7 +57,36 @@ std::string describe(const CallHeader& h) {
 
 void run_collective(CommState& comm, const CollCall& call) { Call(comm, call).run(); }
 
+void Call::describe_wait(const void* self, std::string& what, std::string& waiting_for) {
+  const Call& call = *static_cast<const Call*>(self);
+  const CollCall& c = call.call_;
+  what = fmt::format("{} #{} on communicator '{}' (", coll_kind_name(c.kind), call.seq_, call.c_.name);
+  if (c.kind != CollKind::barrier) {
+    what += fmt::format("{} x {} = {}", c.count, dtype_name(c.dtype), format_bytes(c.count * call.esize_));
+    if (is_reduction(c.kind)) what += fmt::format(", {}", reduce_op_name(c.op));
+    if (c.root >= 0) what += fmt::format(", root {}", call.c_.global_ranks[c.root]);
+  }
+  what += ")";
+  // Job ranks, as the table lists them: a split communicator's member j is global_ranks[j].
+  std::vector<int> missing;
+  if (call.credit_need_ != 0) {
+    for (int j = 0; j < call.n_; ++j) {
+      if (j != call.r_ && !call.peer_done(j, call.credit_need_)) missing.push_back(call.c_.global_ranks[j]);
+    }
+    waiting_for = fmt::format("ranks {} to finish call #{}", fmt::join(missing, ", "), call.credit_need_);
+    return;
+  }
+  for (int j = 0; j < call.n_; ++j) {
+    if (j != call.r_ && call.c_.header(j, call.seq_).seq.load(std::memory_order_acquire) < call.seq_) {
+      missing.push_back(call.c_.global_ranks[j]);
+    }
+  }
+  waiting_for = missing.empty() ? std::string("the data of ranks that made this call")
+                                : fmt::format("ranks {} to make this call", fmt::join(missing, ", "));
+}
+
 void Call::run() {
+  BlockingCall blocking(&Call::describe_wait, this);
   check_job_alive();
   seq_ = c_.seq + 1;
   const bool vector = is_vector(call_.kind);
@@ -85,6 +117,7 @@ void Call::await_credit(std::uint64_t depth) {
   if (seq_ <= depth || n_ == 1) return;
   const std::uint64_t need = seq_ - depth;
   if (c_.known_done >= need) return;
+  credit_need_ = need;
   wait_until(
       c_.shared->word,
       [&] {
@@ -94,6 +127,7 @@ void Call::await_credit(std::uint64_t depth) {
         return true;
       },
       Deadline{}, "collective");
+  credit_need_ = 0;
   // As far as the peers' `done` says: a sender that runs ahead then checks again only when it
   // catches up with that.
   std::uint64_t least = std::numeric_limits<std::uint64_t>::max();

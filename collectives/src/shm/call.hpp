@@ -42,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace nodal::detail {
@@ -69,6 +70,9 @@ class Call {
   void run();
 
  private:
+  /// The wait table's lines for this call (wait_record.hpp's DescribeCall).
+  static void describe_wait(const void* self, std::string& what, std::string& waiting_for);
+
   // ---- The protocol (shm/call.cpp). ----
   void await_credit(std::uint64_t depth);
   /// Publishes Progress::done = this call.
@@ -118,6 +122,7 @@ class Call {
   const std::size_t esize_;
   std::uint64_t seq_ = 0;
   std::uint64_t staged_ = 0;  ///< v-variants: the arena offset of this rank's staged counts and data
+  std::uint64_t credit_need_ = 0;  ///< while waiting for credit: the call every peer must finish
 };
 
 /// What a rank puts in its slot on the small path, in bytes.

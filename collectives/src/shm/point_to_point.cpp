@@ -4,6 +4,8 @@
 #include "shm/algorithms.hpp"
 
 #include <nodal/errors.hpp>
+#include <nodal/detail/units.hpp>
+#include <nodal/detail/wait_record.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -51,6 +53,22 @@ void check_channel(const P2PChannel& ch, const CommState& comm, int from, int to
   }
 }
 
+/// A send or recv as the wait table shows it (wait_record.hpp).
+struct P2PCall {
+  const CommState& comm;
+  bool is_send;
+  int peer;
+  std::size_t bytes;
+
+  static void describe(const void* self, std::string& what, std::string& waiting_for) {
+    const P2PCall& call = *static_cast<const P2PCall*>(self);
+    const int peer = call.comm.global_ranks[call.peer];
+    what = fmt::format("{} of {} {} rank {} on communicator '{}'", call.is_send ? "send" : "recv",
+                       format_bytes(call.bytes), call.is_send ? "to" : "from", peer, call.comm.name);
+    waiting_for = fmt::format("rank {} to {} it", peer, call.is_send ? "recv" : "send");
+  }
+};
+
 void check_peer(const CommState& comm, int peer, const char* what) {
   if (peer < 0 || peer >= comm.size || peer == comm.rank) {
     throw UsageError(fmt::format("{}: peer {} is not another rank of communicator '{}' (size {}, this rank {})", what,
@@ -62,6 +80,8 @@ void check_peer(const CommState& comm, int peer, const char* what) {
 
 void send_message(CommState& comm, const void* input, std::size_t count, DType dtype, int peer) {
   check_peer(comm, peer, "send");
+  const P2PCall described{comm, true, peer, count * element_size(dtype)};
+  BlockingCall blocking(&P2PCall::describe, &described);
   check_job_alive();
   P2PChannel& ch = channel(comm, comm.rank, peer);
   check_channel(ch, comm, comm.rank, peer);
@@ -94,6 +114,8 @@ void send_message(CommState& comm, const void* input, std::size_t count, DType d
 
 void recv_message(CommState& comm, void* output, std::size_t count, DType dtype, int peer) {
   check_peer(comm, peer, "recv");
+  const P2PCall described{comm, false, peer, count * element_size(dtype)};
+  BlockingCall blocking(&P2PCall::describe, &described);
   check_job_alive();
   P2PChannel& ch = channel(comm, peer, comm.rank);
   check_channel(ch, comm, peer, comm.rank);

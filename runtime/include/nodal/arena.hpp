@@ -40,6 +40,12 @@ struct ArenaControl {
   std::uint32_t reserve_shift;
   static constexpr std::size_t kReserveWords = 384;  ///< 24576 chunks: 48 GiB in 2 MiB chunks
   alignas(64) std::atomic<std::uint64_t> reserved[kReserveWords];
+  /// The wait table (detail/wait_table.hpp): its offset in the arena (0: none) and its rows.
+  std::uint64_t wait_table_offset;
+  std::int32_t wait_table_ranks;
+  /// Bumped by nodalrun to ask every thread waiting in a nodal call for its stack; each answers
+  /// once per request on the control channel (ControlKind::wait_stack).
+  alignas(64) std::atomic<std::uint32_t> stack_request;
 };
 
 /// A mapped arena. Not copyable; the process's own is nodal::Context::arena() / detail::job_arena().

@@ -18,6 +18,7 @@ enum class ControlKind : std::uint32_t {
   fd_publish = 4,    ///< `rank` publishes the attached descriptor under `key`
   fd_fetch = 5,      ///< asks for what rank `rank` published under `key`; attached: the reply socket
   fd_reply = 6,      ///< on a reply socket: the descriptor attached, or none and `text` says why
+  wait_stack = 7,    ///< text: "thread <tid> in <call>\n<stack>", a waiting thread's answer to a stack request
 };
 
 /// A descriptor owned by its holder: closed when it goes, unless release()d first.

@@ -11,6 +11,10 @@ inline constexpr const char* kEnvLocalWorldSize = "LOCAL_WORLD_SIZE";
 inline constexpr const char* kEnvMasterAddr = "MASTER_ADDR";
 inline constexpr const char* kEnvMasterPort = "MASTER_PORT";
 inline constexpr const char* kEnvJobId = "NODAL_JOB_ID";
+/// Which start of the job this is (0: the first; nodalrun --max-restarts), and torchrun's names.
+inline constexpr const char* kEnvRestartCount = "NODAL_RESTART_COUNT";
+inline constexpr const char* kEnvTorchelasticRestartCount = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr const char* kEnvTorchelasticMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";
 /// The ranks' end of the control socket pair (see control.hpp).
 inline constexpr const char* kEnvControlFd = "NODAL_CONTROL_FD";
 /// The job arena's descriptor (see arena.hpp), inherited by every rank.

@@ -12,6 +12,8 @@
 
 namespace nodal::detail {
 
+struct WaitEntry;
+
 /// What a waiter sleeps on and a waker bumps. Lives in shared memory next to the state it guards.
 /// `sequence` changes on every notify that finds a sleeper; `sleepers` lets notify skip the
 /// atomic increment and the futex syscall when nobody sleeps (the common case on a hot path:
@@ -38,10 +40,14 @@ struct Deadline {
 };
 
 /// One waiter's progress through spin -> yield -> futex. Throws PeerFailure when the job has
-/// been declared failed, TimeoutError (naming `what`) when the deadline passes.
+/// been declared failed, TimeoutError (naming `what`) when the deadline passes. A waiter that
+/// sleeps shows its call in the job's wait table (wait_record.hpp) until it is done.
 class Waiter {
  public:
   Waiter(Deadline deadline, std::string_view what) noexcept : deadline_(deadline), what_(what) {}
+  ~Waiter();
+  Waiter(const Waiter&) = delete;
+  Waiter& operator=(const Waiter&) = delete;
   /// One spin (a `pause`) or, when ranks outnumber cores, one sched_yield. Returns false once
   /// the spinning and yielding time is over: the caller should then sleep().
   bool spin();
@@ -56,6 +62,7 @@ class Waiter {
   std::string_view what_;
   std::uint32_t rounds_ = 0;
   Clock::time_point started_{};
+  WaitEntry* entry_ = nullptr;  ///< the wait table's entry, once the waiter first slept
 };
 
 /// Returns once ready() holds. ready() may have side effects (a lock's compare-exchange, a

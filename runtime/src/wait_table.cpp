@@ -1,0 +1,50 @@
+#include <nodal/arena.hpp>
+#include <nodal/detail/wait_table.hpp>
+
+#include <cstring>
+#include <new>
+
+namespace nodal::detail {
+
+void create_wait_table(Arena& arena, int world_size) {
+  void* block = arena.allocate(sizeof(RankWaits) * static_cast<std::size_t>(world_size), alignof(RankWaits));
+  auto* rows = static_cast<RankWaits*>(block);
+  for (int r = 0; r < world_size; ++r) new (&rows[r]) RankWaits{};
+  ArenaControl& control = arena.control();
+  control.wait_table_ranks = world_size;
+  control.wait_table_offset = arena.offset_of(block);
+}
+
+RankWaits* wait_table(const Arena& arena, int* world_size) noexcept {
+  const ArenaControl& control = arena.control();
+  if (control.wait_table_offset == 0) return nullptr;
+  if (world_size) *world_size = control.wait_table_ranks;
+  return static_cast<RankWaits*>(arena.at(control.wait_table_offset));
+}
+
+RankSnapshot read_rank_waits(const RankWaits& row) {
+  RankSnapshot snapshot;
+  snapshot.calls = row.calls.load(std::memory_order_acquire);
+  snapshot.pid = row.pid.load(std::memory_order_relaxed);
+  for (const WaitEntry& entry : row.entries) {
+    // A seqlock read: a copy taken while the version was even and unchanged is whole.
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      std::uint32_t before = entry.version.load(std::memory_order_acquire);
+      if (before % 2 != 0) continue;
+      WaitSnapshot copy;
+      copy.state = static_cast<WaitEntry::State>(entry.state.load(std::memory_order_relaxed));
+      copy.tid = entry.tid.load(std::memory_order_relaxed);
+      copy.stack_answered = entry.stack_answered.load(std::memory_order_relaxed);
+      copy.since_ns = entry.since_ns;
+      copy.what.assign(entry.what, strnlen(entry.what, sizeof entry.what));
+      copy.waiting_for.assign(entry.waiting_for, strnlen(entry.waiting_for, sizeof entry.waiting_for));
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (entry.version.load(std::memory_order_relaxed) != before) continue;
+      if (copy.state != WaitEntry::free) snapshot.waits.push_back(std::move(copy));
+      break;
+    }
+  }
+  return snapshot;
+}
+
+}  // namespace nodal::detail
