@@ -189,7 +189,7 @@ void Supervisor::set_up() {
     arena_path = arena_file();
     shm_guard_ = std::make_unique<ShmGuard>(arena_path);  // before the file exists: no window to leak it
   }
-  arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path);
+  arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path, wait_table_bytes(options_.nprocs));
   create_wait_table(*arena_, options_.nprocs);
   stall_watch_ = std::make_unique<StallWatch>(*arena_, options_.stall_timeout_seconds);
   note(fmt::format("arena of at most {} created ({}), with the wait table of {} ranks", format_bytes(options_.shm_size),

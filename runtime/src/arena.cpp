@@ -78,11 +78,12 @@ struct Arena::Segment {
 
 Arena::Arena(int fd, std::byte* base, std::size_t size, bool create) : fd_(fd), base_(base), size_(size) {
   segment_ = std::make_unique<Segment>();
+  const std::size_t start = kControlBytes + control().front_bytes;
   try {
     if (create) {
-      segment_->buffer = SharedBuffer(bip::create_only, base + kControlBytes, size - kControlBytes);
+      segment_->buffer = SharedBuffer(bip::create_only, base + start, size - start);
     } else {
-      segment_->buffer = SharedBuffer(bip::open_only, base + kControlBytes, size - kControlBytes);
+      segment_->buffer = SharedBuffer(bip::open_only, base + start, size - start);
     }
   } catch (const std::exception& e) {
     // The caller still owns fd (and unlinks a file it created).
@@ -99,8 +100,12 @@ Arena::~Arena() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, const std::string& path) {
-  bytes = align_up(std::max(bytes, kHeaderReserve * 2), kPage);
+void* Arena::front() const noexcept { return base_ + kControlBytes; }
+
+std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, const std::string& path,
+                                     std::size_t front_bytes) {
+  front_bytes = align_up(front_bytes, kPage);
+  bytes = align_up(std::max(bytes, kHeaderReserve * 2 + front_bytes), kPage);
   int fd = -1;
   std::string directory;
   if (strategy == ShmStrategy::file_descriptor) {
@@ -123,8 +128,9 @@ std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, co
                      directory.empty() ? "memory" : directory));
   }
   if (::ftruncate(fd, static_cast<off_t>(bytes)) < 0) fail(fmt::format("ftruncate: {}", std::strerror(errno)));
-  if (int rc = ::posix_fallocate(fd, 0, kHeaderReserve); rc != 0) {
-    fail(fmt::format("cannot reserve the shared arena's first {}: {}", detail::format_bytes(kHeaderReserve), std::strerror(rc)));
+  if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kHeaderReserve + front_bytes)); rc != 0) {
+    fail(fmt::format("cannot reserve the shared arena's first {}: {}", detail::format_bytes(kHeaderReserve + front_bytes),
+                     std::strerror(rc)));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail(fmt::format("mmap of the shared arena ({}): {}", detail::format_bytes(bytes), std::strerror(errno)));
@@ -134,6 +140,7 @@ std::unique_ptr<Arena> Arena::create(std::size_t bytes, ShmStrategy strategy, co
   control->size = bytes;
   control->failed_rank = -1;
   control->reserve_shift = kMinReserveShift;
+  control->front_bytes = front_bytes;
   while ((bytes >> control->reserve_shift) >= ArenaControl::kReserveWords * 64) ++control->reserve_shift;
   try {
     return std::unique_ptr<Arena>(new Arena(fd, static_cast<std::byte*>(base), bytes, true));

@@ -1,13 +1,25 @@
 #include <nodal/arena.hpp>
 #include <nodal/detail/wait_table.hpp>
 
+#include <nodal/errors.hpp>
+
 #include <cstring>
 #include <new>
 
+#include <fmt/format.h>
+
 namespace nodal::detail {
 
+std::size_t wait_table_bytes(int world_size) noexcept {
+  return sizeof(RankWaits) * static_cast<std::size_t>(world_size);
+}
+
 void create_wait_table(Arena& arena, int world_size) {
-  void* block = arena.allocate(sizeof(RankWaits) * static_cast<std::size_t>(world_size), alignof(RankWaits));
+  if (arena.control().front_bytes < wait_table_bytes(world_size)) {
+    throw UsageError(fmt::format("the wait table of {} ranks needs {} bytes at the arena's front, which has {}",
+                                 world_size, wait_table_bytes(world_size), arena.control().front_bytes));
+  }
+  void* block = arena.front();
   auto* rows = static_cast<RankWaits*>(block);
   for (int r = 0; r < world_size; ++r) new (&rows[r]) RankWaits{};
   ArenaControl& control = arena.control();

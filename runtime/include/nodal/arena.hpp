@@ -40,6 +40,9 @@ struct ArenaControl {
   std::uint32_t reserve_shift;
   static constexpr std::size_t kReserveWords = 384;  ///< 24576 chunks: 48 GiB in 2 MiB chunks
   alignas(64) std::atomic<std::uint64_t> reserved[kReserveWords];
+  /// Bytes right after this block (page-aligned) that the allocator never hands out: the
+  /// creator's fixed tables, reserved with the header at creation (Arena::create's front_bytes).
+  std::uint64_t front_bytes;
   /// The wait table (detail/wait_table.hpp): its offset in the arena (0: none) and its rows.
   std::uint64_t wait_table_offset;
   std::int32_t wait_table_ranks;
@@ -54,9 +57,12 @@ class Arena {
   /// Creates an arena of `bytes` (the --shm-size). The space is not taken up front: every
   /// allocation reserves its pages with posix_fallocate, so running out is a ShmError at
   /// allocation ("need X, have Y"), never a SIGBUS when the memory is touched.
-  /// file_system: the file is `path` (created, must not exist). Throws ShmError.
+  /// file_system: the file is `path` (created, must not exist). `front_bytes`: a region after the
+  /// control block, outside the allocator, whose pages are reserved now (front()): for tables
+  /// whose size is known up front, so that they cost no allocation and can never be the reason an
+  /// allocation runs out of pages. Throws ShmError.
   static std::unique_ptr<Arena> create(std::size_t bytes, ShmStrategy strategy = ShmStrategy::file_descriptor,
-                                       const std::string& path = {});
+                                       const std::string& path = {}, std::size_t front_bytes = 0);
   /// Maps the arena behind an inherited descriptor (what nodal::init() does). Throws ShmError.
   static std::unique_ptr<Arena> attach(int fd);
   /// Maps a file_system arena by path. Throws ShmError.
@@ -104,6 +110,8 @@ class Arena {
   std::size_t free_bytes() const;
   int fd() const noexcept { return fd_; }
   ArenaControl& control() const noexcept { return *reinterpret_cast<ArenaControl*>(base_); }
+  /// The front region (create's front_bytes; control().front_bytes long, page-aligned).
+  void* front() const noexcept;
 
  private:
   Arena(int fd, std::byte* base, std::size_t size, bool create);

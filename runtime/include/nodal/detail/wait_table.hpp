@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,8 +49,13 @@ struct alignas(64) RankWaits {
   alignas(64) WaitEntry entries[kWaitEntries];
 };
 
-/// Creates the table for `world_size` ranks in `arena` (nodalrun, before it starts the ranks)
-/// and records it in the arena's control block. Throws ShmError when the arena has no room.
+/// The bytes the table of `world_size` ranks takes: what nodalrun asks Arena::create for as its
+/// front region, so that the table is reserved with the arena and never allocated.
+std::size_t wait_table_bytes(int world_size) noexcept;
+
+/// Makes the table for `world_size` ranks in `arena`'s front region (nodalrun, before it starts
+/// the ranks) and records it in the arena's control block. Throws UsageError when the front
+/// region is smaller than wait_table_bytes(world_size).
 void create_wait_table(Arena& arena, int world_size);
 
 /// The table of `arena`, or nullptr when its creator made none (a singleton's own arena).
