@@ -110,4 +110,6 @@ bool send_with_fd(int socket, const iovec* parts, std::size_t count, int fd) noe
   }
 }
 
+bool process_alive(int pid) noexcept { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
+
 }  // namespace nodal::detail

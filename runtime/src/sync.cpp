@@ -1,11 +1,13 @@
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/sync.hpp>
+#include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
 #include <nodal/detail/wait_record.hpp>
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +22,15 @@ struct LockState {
   WaitWord word;
   std::atomic<std::uint32_t> locked{0};
   std::atomic<std::int32_t> owner{0};  ///< pid of the holder, 0 when free
+  const ObjectName name;
+};
+
+struct RLockState {
+  explicit RLockState(std::string_view lock_name) : name(lock_name) {}
+  WaitWord word;
+  std::atomic<std::int32_t> owner_tid{0};  ///< the holding thread (gettid: unique system-wide), 0 when free
+  std::atomic<std::int32_t> owner_pid{0};  ///< its process, to tell a dead holder
+  std::int32_t count = 0;                  ///< recursion depth, touched by the holder only
   const ObjectName name;
 };
 
@@ -47,6 +58,12 @@ void describe_lock(const void* self, std::string& what, std::string& waiting_for
   what = fmt::format("Lock '{}' lock", state.name.text);
   waiting_for = fmt::format("pid {} to unlock it", state.owner.load(std::memory_order_relaxed));
 }
+void describe_rlock(const void* self, std::string& what, std::string& waiting_for) {
+  const RLockState& state = *static_cast<const RLockState*>(self);
+  what = fmt::format("RLock '{}' acquire", state.name.text);
+  waiting_for = fmt::format("pid {} (thread {}) to release it", state.owner_pid.load(std::memory_order_relaxed),
+                            state.owner_tid.load(std::memory_order_relaxed));
+}
 void describe_event(const void* self, std::string& what, std::string& waiting_for) {
   what = fmt::format("Event '{}' wait", static_cast<const EventState*>(self)->name.text);
   waiting_for = "a set()";
@@ -64,8 +81,6 @@ namespace {
 
 /// Names are per kind, so a Lock and an Event may share one.
 std::string object_name(const std::string& kind, const std::string& name) { return kind + ":" + name; }
-
-bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
 
 }  // namespace
 
@@ -125,6 +140,60 @@ void Lock::unlock() {
   }
   state_->owner.store(0, std::memory_order_relaxed);
   state_->locked.store(0, std::memory_order_release);
+  detail::notify(state_->word);
+}
+
+namespace {
+
+int this_thread_id() noexcept { return static_cast<int>(::syscall(SYS_gettid)); }
+
+}  // namespace
+
+RLock RLock::open(const std::string& name) {
+  return RLock(
+      &detail::job_arena().find_or_construct<detail::RLockState>(detail::object_name("rlock", name).c_str(), name));
+}
+
+int RLock::held_by_me() const {
+  return state_->owner_tid.load(std::memory_order_acquire) == this_thread_id() ? state_->count : 0;
+}
+
+bool RLock::try_acquire() {
+  const std::int32_t me = this_thread_id();
+  if (state_->owner_tid.load(std::memory_order_relaxed) == me) {
+    ++state_->count;
+    return true;
+  }
+  std::int32_t expected = 0;
+  if (!state_->owner_tid.compare_exchange_strong(expected, me, std::memory_order_acquire)) return false;
+  state_->owner_pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
+  state_->count = 1;
+  return true;
+}
+
+void RLock::acquire(Timeout timeout) {
+  detail::BlockingCall blocking(&detail::describe_rlock, state_);
+  std::uint32_t attempts = 0;
+  detail::wait_until(
+      state_->word,
+      [&] {
+        if (try_acquire()) return true;
+        if (++attempts % 256 == 0 && !detail::process_alive(state_->owner_pid.load(std::memory_order_relaxed))) {
+          throw PeerFailure(fmt::format("the process holding RLock '{}' (pid {}) died without releasing it",
+                                        state_->name.text, state_->owner_pid.load()));
+        }
+        return false;
+      },
+      detail::Deadline::after(timeout), "RLock::acquire");
+}
+
+void RLock::release() {
+  if (state_->owner_tid.load(std::memory_order_relaxed) != this_thread_id() || state_->count <= 0) {
+    throw UsageError(fmt::format("RLock '{}' release: this thread does not hold it", state_->name.text));
+  }
+  if (--state_->count > 0) return;
+  state_->owner_pid.store(0, std::memory_order_relaxed);
+  state_->owner_tid.store(0, std::memory_order_release);
   detail::notify(state_->word);
 }
 

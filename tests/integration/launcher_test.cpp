@@ -262,6 +262,26 @@ TEST(Gpus, RankRefusesAMalformedNodalDevice) {
   EXPECT_NE(r.err.find("NODAL_DEVICE='first' is not a non-negative integer"), std::string::npos) << r.err;
 }
 
+TEST(Launcher, VerboseSaysWhatTheSetUpDidAndHowLongItTook) {
+  for (const char* method : {"spawn", "forkserver"}) {
+    ChildResult r = run(nodalrun_command({"-n", "2", "--verbose", "--start-method", method, kRankProgram, "ok"}));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(count_lines(r.err, R"(^nodalrun: set-up: arena of at most 1 GiB created \(memfd\), with the wait table of 2 ranks in [\d.]+ ms$)"), 1) << r.err;
+    EXPECT_EQ(count_lines(r.err, R"(^nodalrun: set-up: placement .* in [\d.]+ ms$)"), 1) << r.err;
+    // Each rank's own set-up, through NODAL_VERBOSE.
+    EXPECT_EQ(count_lines(r.err, R"(^\[[01]\] nodal: rank [01]: nodal::init \(rank [01] of 2, arena attached\) in [\d.]+ ms$)"), 2)
+        << r.err;
+    if (std::string(method) == "forkserver") {
+      EXPECT_EQ(count_lines(r.err, R"(^nodalrun: set-up: forkserver zygote loaded the program and reached nodal::init)"), 1)
+          << r.err;
+    } else {
+      EXPECT_EQ(count_lines(r.err, R"(^nodalrun: set-up: 2 ranks started \(fork\+exec\) in [\d.]+ ms$)"), 1) << r.err;
+    }
+  }
+  ChildResult quiet = run(nodalrun_command({"-n", "2", kRankProgram, "ok"}));
+  EXPECT_EQ(quiet.err, "") << "set-up lines without --verbose";
+}
+
 TEST(Forkserver, RanksReturnFromInitWithTheirRank) {
   ChildResult r = run(nodalrun_command({"-n", "4", "--start-method", "forkserver", kRankProgram, "ok"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;

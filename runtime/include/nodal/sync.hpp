@@ -17,6 +17,7 @@ namespace nodal {
 
 namespace detail {
 struct LockState;
+struct RLockState;
 struct EventState;
 struct BarrierState;
 /// The shared block behind a Value or an Array: a lock, then `bytes` of data.
@@ -42,6 +43,28 @@ class Lock {
 
  private:
   detail::LockState* state_;
+};
+
+/// A recursive lock shared by the processes of a job (multiprocessing.RLock): the thread holding
+/// it may take it again, and must release it as many times. If the holder dies, waiters throw
+/// PeerFailure instead of waiting forever.
+class RLock {
+ public:
+  /// The job's recursive lock called `name`, created free by the first opener. Throws ShmError.
+  static RLock open(const std::string& name);
+  /// Throws TimeoutError after `timeout`, PeerFailure if the job failed or the holder died.
+  void acquire(Timeout timeout = std::nullopt);
+  bool try_acquire();
+  /// Throws UsageError when this thread does not hold the lock.
+  void release();
+  /// Whether the calling thread holds it, and how many times.
+  int held_by_me() const;
+
+  explicit RLock(detail::RLockState* state) : state_(state) {}
+
+ private:
+  friend class Condition;
+  detail::RLockState* state_;
 };
 
 /// A flag processes wait for (multiprocessing.Event).

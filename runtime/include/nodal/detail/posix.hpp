@@ -48,4 +48,8 @@ int parse_int(std::string_view text) noexcept;
 /// Reads an environment variable; empty when unset.
 std::string getenv_or_empty(const char* name);
 
+/// Whether process `pid` may still exist (true for pid <= 0, which names nobody; a zombie counts):
+/// how process-shared locks tell a dead holder from a slow one.
+bool process_alive(int pid) noexcept;
+
 }  // namespace nodal::detail
