@@ -14,8 +14,8 @@
 namespace nodal {
 namespace detail {
 
-/// A queued item as it sits in shared memory: offsets, never pointers.
-struct ItemHandle {
+/// One tensor as it travels: offsets, never pointers.
+struct TensorHandle {
   std::uint64_t storage = 0;  ///< arena offset of the ArenaStorageHeader; 0: no (cpu) tensor
   /// A cuda tensor travels by handle (gpu.hpp): kind none here means a cpu or no tensor. The
   /// consumer rebuilds it on its own view of device `gpu.device` (the same index when the ranks
@@ -23,14 +23,27 @@ struct ItemHandle {
   gpu::WireTensor gpu{};
   bool on_cuda = false;
   std::int64_t byte_offset = 0;
-  std::int64_t index = 0;
-  std::int64_t label = 0;
   std::int64_t shape[Tensor::kMaxDims] = {};
   std::int64_t strides[Tensor::kMaxDims] = {};
   DType dtype = DType::f32;
   std::uint8_t ndim = 0;
-  std::uint8_t text_size = 0;
-  char text[TensorQueue::kMaxText] = {};
+};
+
+/// A queued item as it sits in shared memory.
+struct ItemHandle {
+  TensorHandle tensor;
+  std::int64_t index = 0;
+  std::int64_t label = 0;
+  /// Arena offset of the item's extra block (0: none): a text longer than kInlineText and the
+  /// handles of the further tensors, laid out as ExtraHeader, TensorHandle[count], text bytes.
+  std::uint64_t extra = 0;
+  std::uint8_t text_size = 0;  ///< inline text only
+  char text[TensorQueue::kInlineText] = {};
+};
+
+struct ExtraHeader {
+  std::uint64_t text_bytes = 0;
+  std::uint64_t tensor_count = 0;
 };
 
 /// Dmitry Vyukov's bounded MPMC queue (1024cores.net, "Bounded MPMC queue"): each cell carries a
@@ -105,53 +118,110 @@ bool try_dequeue(QueueState& q, ItemHandle& item) {
   }
 }
 
-/// The handle for a tensor, holding one new reference to its arena storage.
-ItemHandle make_handle(QueueItem& item) {
-  if (item.text.size() > TensorQueue::kMaxText) {
-    throw UsageError(fmt::format("TensorQueue::put: text of {} bytes, at most {}", item.text.size(), TensorQueue::kMaxText));
-  }
-  ItemHandle handle;
-  handle.index = item.index;
-  handle.label = item.label;
-  handle.text_size = static_cast<std::uint8_t>(item.text.size());
-  std::memcpy(handle.text, item.text.data(), item.text.size());
-  Tensor& t = item.tensor;
+/// The handle of `t`, holding one new reference to its storage. A private tensor is moved into
+/// the arena first (the caller's tensor then sees the move too).
+TensorHandle make_tensor_handle(Tensor& t) {
+  TensorHandle handle;
   if (!t.defined()) return handle;
+  if (t.dim() > Tensor::kMaxDims) {
+    throw UsageError(fmt::format("TensorQueue::put: {} dimensions, at most {}", t.dim(), Tensor::kMaxDims));
+  }
   if (t.device().kind == Device::Kind::cuda) {
     // The memory stays where it is; the handle holds an in-flight reference to it and an event
     // after the producer's work on its current stream.
     handle.on_cuda = true;
     handle.gpu = gpu::export_storage(*t.storage(), cuda::current_stream());
-    handle.byte_offset = t.storage_offset();
-    handle.dtype = t.dtype();
-    handle.ndim = static_cast<std::uint8_t>(t.dim());
-    std::copy(t.shape().begin(), t.shape().end(), handle.shape);
-    std::copy(t.strides().begin(), t.strides().end(), handle.strides);
-    return handle;
-  }
-  Arena& arena = job_arena();
-  if (!t.in_arena() || t.storage()->arena() != &arena) {
-    if (t.storage()->kind() == Storage::Kind::heap || t.storage()->kind() == Storage::Kind::external) {
-      t.share_memory();
-    } else {
-      // A file, or an arena the receiver does not map (made before init()): one copy into ours.
-      t = t.clone().share_memory();
+  } else {
+    Arena& arena = job_arena();
+    if (!t.in_arena() || t.storage()->arena() != &arena) {
+      if (t.storage()->kind() == Storage::Kind::heap || t.storage()->kind() == Storage::Kind::external) {
+        t.share_memory();
+      } else {
+        // A file, or an arena the receiver does not map (made before init()): one copy into ours.
+        t = t.clone().share_memory();
+      }
     }
+    handle.storage = t.storage()->arena_offset();
   }
-  handle.storage = t.storage()->arena_offset();
   handle.byte_offset = t.storage_offset();
   handle.dtype = t.dtype();
   handle.ndim = static_cast<std::uint8_t>(t.dim());
   std::copy(t.shape().begin(), t.shape().end(), handle.shape);
   std::copy(t.strides().begin(), t.strides().end(), handle.strides);
-  t.storage()->retain_for_handle();
+  if (!handle.on_cuda) t.storage()->retain_for_handle();
   return handle;
 }
 
-/// Drops the reference a handle holds (a put that did not happen).
-void release_handle(const ItemHandle& handle) {
+void release_tensor_handle(const TensorHandle& handle) {
   if (handle.on_cuda) gpu::release_wire(handle.gpu);
   if (handle.storage != 0) Storage::adopt_arena(job_arena(), handle.storage);
+}
+
+Tensor from_tensor_handle(const TensorHandle& handle) {
+  if (handle.on_cuda) {
+    auto storage = gpu::import_storage(handle.gpu, cuda::current_stream());
+    return Tensor(std::move(storage), handle.byte_offset, {handle.shape, handle.shape + handle.ndim},
+                  {handle.strides, handle.strides + handle.ndim}, handle.dtype, Device::cuda(handle.gpu.device));
+  }
+  if (handle.storage == 0) return Tensor();
+  return Tensor(Storage::adopt_arena(job_arena(), handle.storage), handle.byte_offset,
+                {handle.shape, handle.shape + handle.ndim}, {handle.strides, handle.strides + handle.ndim}, handle.dtype);
+}
+
+ExtraHeader& extra_header(std::uint64_t offset) { return *static_cast<ExtraHeader*>(job_arena().at(offset)); }
+TensorHandle* extra_tensors(std::uint64_t offset) {
+  return reinterpret_cast<TensorHandle*>(static_cast<std::byte*>(job_arena().at(offset)) + sizeof(ExtraHeader));
+}
+char* extra_text(std::uint64_t offset) {
+  return reinterpret_cast<char*>(extra_tensors(offset) + extra_header(offset).tensor_count);
+}
+
+/// Drops what a handle holds (a put that did not happen).
+void release_handle(const ItemHandle& handle) {
+  release_tensor_handle(handle.tensor);
+  if (handle.extra == 0) return;
+  const std::uint64_t count = extra_header(handle.extra).tensor_count;
+  for (std::uint64_t i = 0; i < count; ++i) release_tensor_handle(extra_tensors(handle.extra)[i]);
+  job_arena().deallocate(job_arena().at(handle.extra));
+}
+
+/// The handle of an item: references to its tensors, its text inline or with the further
+/// tensors' handles in one arena block.
+ItemHandle make_handle(QueueItem& item) {
+  ItemHandle handle;
+  handle.index = item.index;
+  handle.label = item.label;
+  const bool long_text = item.text.size() > TensorQueue::kInlineText;
+  if (long_text || !item.tensors.empty()) {
+    const std::size_t count = item.tensors.size();
+    const std::size_t text_bytes = long_text ? item.text.size() : 0;
+    Arena& arena = job_arena();
+    void* block = arena.allocate(sizeof(ExtraHeader) + count * sizeof(TensorHandle) + text_bytes);
+    handle.extra = arena.offset_of(block);
+    new (block) ExtraHeader{text_bytes, 0};
+    TensorHandle* handles = extra_tensors(handle.extra);
+    try {
+      for (std::size_t i = 0; i < count; ++i) {
+        new (&handles[i]) TensorHandle(make_tensor_handle(item.tensors[i]));
+        extra_header(handle.extra).tensor_count = i + 1;  // what release_handle must undo
+      }
+      std::memcpy(extra_text(handle.extra), item.text.data(), text_bytes);
+    } catch (...) {
+      release_handle(handle);
+      throw;
+    }
+  }
+  if (!long_text) {
+    handle.text_size = static_cast<std::uint8_t>(item.text.size());
+    std::memcpy(handle.text, item.text.data(), item.text.size());
+  }
+  try {
+    handle.tensor = make_tensor_handle(item.tensor);
+  } catch (...) {
+    release_handle(handle);
+    throw;
+  }
+  return handle;
 }
 
 QueueItem from_handle(const ItemHandle& handle) {
@@ -159,14 +229,14 @@ QueueItem from_handle(const ItemHandle& handle) {
   item.index = handle.index;
   item.label = handle.label;
   item.text.assign(handle.text, handle.text_size);
-  if (handle.on_cuda) {
-    auto storage = gpu::import_storage(handle.gpu, cuda::current_stream());
-    item.tensor = Tensor(std::move(storage), handle.byte_offset, {handle.shape, handle.shape + handle.ndim},
-                         {handle.strides, handle.strides + handle.ndim}, handle.dtype, Device::cuda(handle.gpu.device));
-  } else if (handle.storage != 0) {
-    item.tensor = Tensor(Storage::adopt_arena(job_arena(), handle.storage), handle.byte_offset,
-                         {handle.shape, handle.shape + handle.ndim}, {handle.strides, handle.strides + handle.ndim},
-                         handle.dtype);
+  item.tensor = from_tensor_handle(handle.tensor);
+  if (handle.extra != 0) {
+    const ExtraHeader& header = extra_header(handle.extra);
+    const TensorHandle* handles = extra_tensors(handle.extra);
+    item.tensors.reserve(header.tensor_count);
+    for (std::uint64_t i = 0; i < header.tensor_count; ++i) item.tensors.push_back(from_tensor_handle(handles[i]));
+    if (header.text_bytes != 0) item.text.assign(extra_text(handle.extra), header.text_bytes);
+    job_arena().deallocate(job_arena().at(handle.extra));
   }
   return item;
 }
@@ -211,9 +281,6 @@ void TensorQueue::put(QueueItem item, std::optional<std::chrono::nanoseconds> ti
   const QueueCall described{*this, *state_, true};
   detail::BlockingCall blocking(&QueueCall::describe, &described);
   if (closed()) throw UsageError("TensorQueue::put on a closed queue");
-  if (item.tensor.dim() > Tensor::kMaxDims) {
-    throw UsageError(fmt::format("TensorQueue::put: {} dimensions, at most {}", item.tensor.dim(), Tensor::kMaxDims));
-  }
   detail::ItemHandle handle = detail::make_handle(item);
   try {
     detail::wait_until(

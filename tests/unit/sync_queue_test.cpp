@@ -6,10 +6,13 @@
 #include <nodal/sync.hpp>
 #include <nodal/tensor.hpp>
 #include <nodal/tensor_queue.hpp>
+#include <nodal/arena.hpp>
+#include <nodal/detail/storage.hpp>
 
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace nodal {
 namespace {
@@ -66,8 +69,56 @@ TEST(TensorQueue, RefusesBadArguments) {
   TensorQueue::open("unit.capacity", 8);
   EXPECT_THROW(TensorQueue::open("unit.capacity", 16), UsageError);
   EXPECT_THROW(TensorQueue::open("unit.zero", 0), UsageError);
-  TensorQueue q = TensorQueue::open("unit.text", 2);
-  EXPECT_THROW(q.put({Tensor(), 0, 0, std::string(TensorQueue::kMaxText + 1, 'x')}), UsageError);
+}
+
+TEST(TensorQueue, AnItemCarriesBytesOfAnySizeAndAnyNumberOfTensors) {
+  TensorQueue q = TensorQueue::open("unit.message", 2);
+  const std::size_t free_before = detail::job_arena().free_bytes();
+  std::string payload(1 << 20, '\0');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + i / 251);
+  std::vector<Tensor> tensors;
+  for (int k = 0; k < 3; ++k) {
+    Tensor t = k == 1 ? Tensor::empty_shared({16}, DType::f32) : Tensor::empty({16}, DType::f32);
+    for (int i = 0; i < 16; ++i) t.data_ptr<float>()[i] = static_cast<float>(100 * k + i);
+    tensors.push_back(t);
+  }
+  Tensor strided = Tensor::empty({4, 4}, DType::f32);
+  for (int i = 0; i < 16; ++i) strided.data_ptr<float>()[i] = static_cast<float>(i);
+  // Its transpose, a view with strides (4 bytes in, 1 element across) into the same storage.
+  tensors.push_back(Tensor(strided.storage(), 0, {4, 4}, {1, 4}, DType::f32));
+  q.put({Tensor(), 5, 6, payload, tensors});
+  q.put({Tensor(), 7, 0, "short", {}});
+  std::optional<QueueItem> got = q.get(1s);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->index, 5);
+  EXPECT_EQ(got->text.size(), payload.size());
+  EXPECT_TRUE(got->text == payload) << "the bytes, NULs included, arrive unchanged";
+  ASSERT_EQ(got->tensors.size(), 4u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(got->tensors[k].data(), tensors[k].data()) << "tensor " << k << " travels by handle, not by copy";
+    EXPECT_EQ(got->tensors[k].data_ptr<float>()[15], static_cast<float>(100 * k + 15));
+  }
+  EXPECT_EQ(got->tensors[3].strides(), tensors[3].strides()) << "a view keeps its strides";
+  EXPECT_EQ(got->tensors[3].data_ptr<float>()[0 * 1 + 1 * 4], 4.0F);  // element [0][1] of the transpose
+  std::optional<QueueItem> second = q.get(1s);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->text, "short");
+  EXPECT_TRUE(second->tensors.empty());
+  got.reset();
+  second.reset();
+  tensors.clear();
+  strided = Tensor();
+  // The extra block and the tensors moved into the arena are all given back.
+  EXPECT_EQ(detail::job_arena().free_bytes(), free_before);
+
+  // A put that cannot happen gives back what it took.
+  q.put({Tensor(), 0, 0, "fill", {}});
+  q.put({Tensor(), 0, 0, "fill", {}});
+  const std::size_t free_full = detail::job_arena().free_bytes();
+  EXPECT_THROW(q.put({Tensor(), 0, 0, payload, {Tensor::empty_shared({8}, DType::f32)}}, 20ms), TimeoutError);
+  EXPECT_EQ(detail::job_arena().free_bytes(), free_full);
+  while (q.try_get()) {
+  }
 }
 
 TEST(TensorQueue, AReceivedTensorCanBePutOnAnotherQueue) {

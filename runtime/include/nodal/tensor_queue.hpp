@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nodal/tensor.hpp>
 
@@ -18,17 +19,24 @@ namespace detail {
 struct QueueState;
 }
 
-/// One message: a tensor (may be undefined, for a pure message) and small metadata.
+/// One message: a tensor (may be undefined, for a pure message), any number of further tensors,
+/// small metadata and a payload of bytes of any size (multiprocessing.Queue carries any object;
+/// here the bytes are the caller's serialisation, the tensors travel by handle).
 struct QueueItem {
   Tensor tensor;
   std::int64_t index = 0;  ///< e.g. a batch number
   std::int64_t label = 0;  ///< e.g. a class or a tag
-  std::string text;        ///< at most TensorQueue::kMaxText bytes
+  /// Bytes of any size (not only text): up to TensorQueue::kInlineText they ride in the queue's
+  /// cell, beyond that in a block of the arena (one copy in, one copy out).
+  std::string text;
+  /// More tensors, each shared like `tensor` (by handle, never copied once in the arena).
+  std::vector<Tensor> tensors{};
 };
 
 class TensorQueue {
  public:
-  static constexpr std::size_t kMaxText = 96;
+  /// Text bytes carried in the queue's cell; a longer text goes through an arena block.
+  static constexpr std::size_t kInlineText = 96;
 
   /// The job's queue called `name`, holding at most `capacity` items; created by the first
   /// opener in any process. Throws UsageError when it exists with another capacity or when
@@ -39,8 +47,9 @@ class TensorQueue {
   /// copied: a private tensor is first moved into the arena (Tensor::share_memory(), which the
   /// caller's tensor sees too), a file-backed one is copied into the arena. The consumer sees the
   /// same bytes: writes after put() are visible to it (no snapshot).
-  /// Throws UsageError on a closed queue, a text longer than kMaxText, or a tensor with more than
-  /// Tensor::kMaxDims dimensions; TimeoutError; PeerFailure when the job has failed.
+  /// Throws UsageError on a closed queue or a tensor with more than Tensor::kMaxDims dimensions;
+  /// ShmError when the arena has no room for a long text or the further tensors' handles;
+  /// TimeoutError; PeerFailure when the job has failed.
   void put(QueueItem item, std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
   void put(const Tensor& tensor, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     put(QueueItem{tensor, 0, 0, {}}, timeout);
