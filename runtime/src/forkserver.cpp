@@ -1,10 +1,13 @@
 #include <nodal/errors.hpp>
 #include <nodal/spawn.hpp>
+#include <nodal/detail/control.hpp>
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/verbose.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -18,10 +21,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iostream>
+#include <list>
 #include <memory>
+#include <mutex>
+#include <span>
+#include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,8 +39,9 @@ namespace nodal {
 namespace detail {
 namespace {
 
-/// The program's request for one job. The ranks' end of the job's control socket rides along
-/// (SCM_RIGHTS): the server's children report exceptions straight to the program.
+/// The program's request for one job. Two descriptors ride along (SCM_RIGHTS): the server's end
+/// of the job's own socket, on which the server sends the job's news, and the ranks' end of the
+/// job's control socket, on which the server's children report exceptions straight to the program.
 struct Request {
   std::uintptr_t entry;
   std::uintptr_t fn;
@@ -40,7 +50,7 @@ struct Request {
 
 enum class ReplyKind : std::int32_t { forked = 1, exited = 2, fork_failed = 3, pidfd_failed = 4 };
 
-/// The server's news. A forked child's pidfd rides along.
+/// The server's news, on the job's socket. A forked child's pidfd rides along.
 struct Reply {
   ReplyKind kind;
   std::int32_t rank;
@@ -48,18 +58,20 @@ struct Reply {
   std::int32_t value;  ///< exited: the wait status; *_failed: errno
 };
 
-/// Sends one message with `fd` attached (none when -1). Returns false when the peer is gone.
-bool send_message(int socket, const void* data, std::size_t size, int fd) noexcept {
+/// Sends one message with fds[0..nfds) attached. Returns false when the peer is gone.
+bool send_message(int socket, const void* data, std::size_t size, const int* fds = nullptr,
+                  std::size_t nfds = 0) noexcept {
   const iovec part{const_cast<void*>(data), size};
-  return send_with_fd(socket, &part, 1, fd);
+  return send_with_fds(socket, &part, 1, fds, nfds);
 }
 
-/// Receives one message into data[size] and the fd attached to it (close-on-exec; -1 when none).
-/// Returns the message's size, 0 when the peer closed its end, or -1 with errno set.
-ssize_t receive_message(int socket, void* data, std::size_t size, int& fd, int flags) noexcept {
-  fd = -1;
+/// Receives one message into data[size] and up to fds.size() descriptors attached to it
+/// (close-on-exec; -1 where none came; any beyond are closed). Returns the message's size, 0 when
+/// the peer closed its end, or -1 with errno set.
+ssize_t receive_message(int socket, void* data, std::size_t size, std::span<int> fds, int flags) noexcept {
+  std::fill(fds.begin(), fds.end(), -1);
   iovec part{data, size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSentFds * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &part;
   msg.msg_iovlen = 1;
@@ -67,9 +79,18 @@ ssize_t receive_message(int socket, void* data, std::size_t size, int& fd, int f
   msg.msg_controllen = sizeof control;
   ssize_t n = ::recvmsg(socket, &msg, flags | MSG_CMSG_CLOEXEC);
   if (n < 0) return n;
+  std::size_t taken = 0;
   for (cmsghdr* header = CMSG_FIRSTHDR(&msg); header != nullptr; header = CMSG_NXTHDR(&msg, header)) {
-    if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(&fd, CMSG_DATA(header), sizeof fd);
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+      if (taken < fds.size()) {
+        fds[taken++] = fd;
+      } else {
+        ::close(fd);
+      }
     }
   }
   return n;
@@ -77,55 +98,209 @@ ssize_t receive_message(int socket, void* data, std::size_t size, int& fd, int f
 
 // ---- The server process --------------------------------------------------------------------
 
-/// Forks the job's children, reports each, then reaps them and reports each exit. Exits when
-/// the program is gone or a child cannot be started (the children die with the server).
-void run_job(int socket, const Request& request, int control_fd, const struct sigaction& program_sigint) {
-  // The addresses came from the program, of which the server is a fork.
-  const auto entry = reinterpret_cast<ForkServerEntry>(request.entry);  // NOLINT(performance-no-int-to-ptr)
-  const auto fn = reinterpret_cast<void (*)(int)>(request.fn);          // NOLINT(performance-no-int-to-ptr)
-  const pid_t server = ::getpid();
-  auto reply = [socket](Reply news, int fd = -1) {
-    if (!send_message(socket, &news, sizeof news, fd)) ::_exit(0);
-  };
-  std::vector<pid_t> pids(static_cast<std::size_t>(request.nprocs), -1);
-  for (int rank = 0; rank < request.nprocs; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(socket);
-      ::sigaction(SIGINT, &program_sigint, nullptr);
-      die_with_parent(server);
-      entry(fn, rank, control_fd);
-      ::_exit(1);  // not reached: entry never returns
+/// A child of the server that has not been reaped yet.
+struct ServerChild {
+  std::int32_t rank = -1;
+  pid_t pid = -1;  ///< -1 once reaped
+  int pidfd = -1;
+};
+
+/// One job in the server.
+struct ServerJob {
+  int socket = -1;      ///< the server's end of the job's socket (non-blocking); -1 once the program closed its end
+  int control_fd = -1;  ///< the ranks' end of the job's control socket, which the children inherit
+  std::vector<ServerChild> running;
+  /// News the socket had no room for: a program that does not read a job's news yet (a Process
+  /// nobody joins) must not stall the server, and with it every other job.
+  std::deque<std::pair<Reply, OwnedFd>> backlog;
+};
+
+/// The server: one thread, one poll loop over the program's socket (requests), each job's socket
+/// (the program closing its end ends the job) and each child's pidfd (exits).
+class Server {
+ public:
+  Server(int socket, const struct sigaction& program_sigint)
+      : socket_(socket), program_sigint_(program_sigint), pid_(::getpid()) {}
+
+  [[noreturn]] void run() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<ServerJob*, ServerChild*>> watched;  // fds[i + 1]'s job, and child (null: its socket)
+    for (;;) {
+      fds.assign(1, pollfd{socket_, POLLIN, 0});
+      watched.clear();
+      for (ServerJob& job : jobs_) {
+        if (job.socket >= 0) {
+          // POLLHUP and POLLERR are always reported: the program closed its end.
+          fds.push_back({job.socket, static_cast<short>(job.backlog.empty() ? 0 : POLLOUT), 0});
+          watched.emplace_back(&job, nullptr);
+        }
+        for (ServerChild& child : job.running) {
+          fds.push_back({child.pidfd, POLLIN, 0});
+          watched.emplace_back(&job, &child);
+        }
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        ::_exit(1);
+      }
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto [job, child] = watched[i - 1];
+        if (child == nullptr) {
+          if ((fds[i].revents & (POLLHUP | POLLERR)) != 0) {
+            abandon(*job);
+          } else {
+            flush(*job);
+          }
+        } else {
+          reap(*job, *child);
+        }
+      }
+      forget_finished();
+      if (fds[0].revents != 0) accept_request();
     }
-    if (pid < 0) {
-      const int error = errno;
-      reply({ReplyKind::fork_failed, rank, -1, error});
-      ::_exit(1);
-    }
-    // Opened before the child can be reaped, so it names this very process.
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (pidfd < 0) {
-      const int error = errno;
-      reply({ReplyKind::pidfd_failed, rank, pid, error});
-      ::_exit(1);
-    }
-    pids[static_cast<std::size_t>(rank)] = pid;
-    reply({ReplyKind::forked, rank, pid, 0}, pidfd);
-    ::close(pidfd);
   }
-  for (int left = request.nprocs; left > 0;) {
+
+ private:
+  void accept_request() {
+    Request request{};
+    int fds[2];
+    const ssize_t n = receive_message(socket_, &request, sizeof request, fds, 0);
+    if (n < 0 && errno == EINTR) return;
+    if (n != static_cast<ssize_t>(sizeof request) || fds[0] < 0 || fds[1] < 0) ::_exit(0);  // the program has gone
+    ServerJob& job = jobs_.emplace_back();
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    job.socket = fds[0];
+    job.control_fd = fds[1];
+    start(job, request);
+  }
+
+  /// Forks the job's children, reporting each with its pidfd.
+  void start(ServerJob& job, const Request& request) {
+    // The addresses came from the program, of which the server is a fork.
+    const auto entry = reinterpret_cast<ForkServerEntry>(request.entry);  // NOLINT(performance-no-int-to-ptr)
+    const auto fn = reinterpret_cast<void (*)(int)>(request.fn);          // NOLINT(performance-no-int-to-ptr)
+    for (int rank = 0; rank < request.nprocs && job.socket >= 0; ++rank) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        close_server_fds(job);
+        ::sigaction(SIGINT, &program_sigint_, nullptr);
+        die_with_parent(pid_);
+        entry(fn, rank, job.control_fd);
+        ::_exit(1);  // not reached: entry never returns
+      }
+      if (pid < 0) {
+        const int error = errno;
+        reply(job, {ReplyKind::fork_failed, rank, -1, error});
+        kill_all(job);  // the program, told why, closes the job
+        return;
+      }
+      // Opened before the child can be reaped, so it names this very process.
+      const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      if (pidfd < 0) {
+        const int error = errno;
+        ::kill(pid, SIGKILL);  // our unreaped child: the pid is still its own
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        reply(job, {ReplyKind::pidfd_failed, rank, pid, error});
+        kill_all(job);
+        return;
+      }
+      job.running.push_back({rank, pid, pidfd});
+      reply(job, {ReplyKind::forked, rank, pid, 0}, pidfd);
+    }
+  }
+
+  /// In a child: the server's descriptors are none of the child's business (other jobs' sockets
+  /// kept open there would hide the program's end closing). Only its job's control socket stays.
+  void close_server_fds(const ServerJob& own) const noexcept {
+    ::close(socket_);
+    for (const ServerJob& job : jobs_) {
+      if (job.socket >= 0) ::close(job.socket);
+      if (&job != &own) ::close(job.control_fd);
+      for (const ServerChild& child : job.running) ::close(child.pidfd);
+      for (const auto& queued : job.backlog) ::close(queued.second.get());
+    }
+  }
+
+  /// Sends news to the program; a program that closed the job's end abandoned the job.
+  void reply(ServerJob& job, Reply news, int fd = -1) {
+    if (job.socket < 0) return;
+    if (job.backlog.empty()) {
+      if (send_message(job.socket, &news, sizeof news, &fd, fd >= 0 ? 1 : 0)) return;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        abandon(job);
+        return;
+      }
+    }
+    // A copy of the pidfd: the child may be reaped, and its pidfd closed, before this goes out.
+    job.backlog.emplace_back(news, OwnedFd(fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1));
+  }
+
+  /// Sends the news the socket had no room for, as room comes.
+  void flush(ServerJob& job) {
+    while (job.socket >= 0 && !job.backlog.empty()) {
+      const auto& [news, attached] = job.backlog.front();
+      const int fd = attached.get();
+      if (!send_message(job.socket, &news, sizeof news, &fd, fd >= 0 ? 1 : 0)) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) abandon(job);
+        return;
+      }
+      job.backlog.pop_front();
+    }
+  }
+
+  /// The program gave the job up (closed its end: an error, or a ProcessContext destroyed before
+  /// it joined): its children are killed, and reaped as their exits come.
+  void abandon(ServerJob& job) noexcept {
+    if (job.socket < 0) return;
+    ::close(job.socket);
+    job.socket = -1;
+    job.backlog.clear();
+    kill_all(job);
+  }
+
+  static void kill_all(const ServerJob& job) noexcept {
+    for (const ServerChild& child : job.running) {
+      if (child.pid > 0) ::syscall(SYS_pidfd_send_signal, child.pidfd, SIGKILL, nullptr, 0);
+    }
+  }
+
+  void reap(ServerJob& job, ServerChild& child) {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      ::_exit(1);
-    }
-    const auto it = std::find(pids.begin(), pids.end(), pid);
-    if (it == pids.end()) continue;  // a child of an earlier job that was retired: cannot happen
-    reply({ReplyKind::exited, static_cast<std::int32_t>(it - pids.begin()), pid, status});
-    --left;
+    pid_t reaped = -1;
+    do {
+      reaped = ::waitpid(child.pid, &status, WNOHANG);
+    } while (reaped < 0 && errno == EINTR);
+    if (reaped == 0) return;
+    if (reaped < 0) status = W_EXITCODE(255, 0);  // reaped by nobody else in this process: cannot happen
+    const pid_t pid = child.pid;
+    child.pid = -1;
+    reply(job, {ReplyKind::exited, child.rank, pid, status});
   }
-}
+
+  /// Drops reaped children, and the jobs that have none left.
+  void forget_finished() {
+    for (ServerJob& job : jobs_) {
+      std::erase_if(job.running, [](const ServerChild& child) {
+        if (child.pid > 0) return false;
+        ::close(child.pidfd);
+        return true;
+      });
+    }
+    jobs_.remove_if([](ServerJob& job) {
+      if (!job.running.empty() || (job.socket >= 0 && !job.backlog.empty())) return false;
+      if (job.socket >= 0) ::close(job.socket);
+      ::close(job.control_fd);
+      return true;
+    });
+  }
+
+  int socket_;
+  struct sigaction program_sigint_;
+  pid_t pid_;
+  std::list<ServerJob> jobs_;  ///< a list: children and watches point into it while others are added
+};
 
 [[noreturn]] void serve(int socket) noexcept {
   // Ctrl-C reaches the whole foreground process group. What an interrupt means is the program's
@@ -135,22 +310,14 @@ void run_job(int socket, const Request& request, int control_fd, const struct si
   ignore.sa_handler = SIG_IGN;
   struct sigaction program_sigint {};
   ::sigaction(SIGINT, &ignore, &program_sigint);
-  for (;;) {
-    Request request{};
-    int control_fd = -1;
-    const ssize_t n = receive_message(socket, &request, sizeof request, control_fd, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof request) || control_fd < 0) ::_exit(0);  // the program has gone
-    run_job(socket, request, control_fd, program_sigint);
-    ::close(control_fd);
-  }
+  Server(socket, program_sigint).run();
 }
 
 // ---- The program's side --------------------------------------------------------------------
 
 /// The program's view of its server.
 struct ServerState {
-  std::mutex mutex;  ///< held by the running job
+  std::mutex mutex;  ///< held while the server starts, takes a request, or is retired
   pid_t pid = -1;    ///< -1: no server
   int fd = -1;       ///< the program's end of the SOCK_SEQPACKET pair
 };
@@ -181,14 +348,19 @@ int retire_server_locked() {
   return status;
 }
 
-/// The error for a server that stopped answering, which is retired first.
-Error server_lost() {
-  const pid_t pid = g_server.pid;
-  const int status = retire_server_locked();
+/// The error for server `pid` that stopped answering, which is retired first unless another job
+/// did it already (and a new server may run by now).
+Error server_lost_locked(pid_t pid) {
+  const std::string how = g_server.pid == pid ? describe_wait_status(retire_server_locked()) : "died";
   return Error(
-      fmt::format("nodal::spawn: the fork server (pid {}) {} and its children died with it; the next "
-                  "forkserver spawn starts a new server if the program then runs one thread",
-                  pid, describe_wait_status(status)));
+      fmt::format("nodal: the fork server (pid {}) {} and its children died with it; the next forkserver start "
+                  "starts a new server if the program then runs one thread",
+                  pid, how));
+}
+
+Error server_lost(pid_t pid) {
+  std::lock_guard lock(g_server.mutex);
+  return server_lost_locked(pid);
 }
 
 /// Starts the server unless one runs. The caller holds g_server.mutex.
@@ -248,29 +420,38 @@ void flush_stdio() noexcept {
   std::fflush(nullptr);
 }
 
-ForkServerJob::ForkServerJob(ForkServerEntry entry, void (*fn)(int rank), int nprocs, int control_fd)
-    : lease_(g_server.mutex) {
-  start_server_locked("nodal::spawn(StartMethod::forkserver)");
+ForkServerJob::ForkServerJob(std::string_view caller, ForkServerEntry entry, void (*fn)(int rank), int nprocs,
+                             int control_fd) {
+  std::lock_guard lease(g_server.mutex);
+  // The server first: a server forked after the job's socket was made would hold a copy of the
+  // program's end, and never see the program close it.
+  start_server_locked(caller);
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) throw_errno("socketpair");
+  fd_ = pair[0];
+  const OwnedFd server_end(pair[1]);  // the server has its own copy once the request is sent
+  server_ = g_server.pid;
+  pending_ = nprocs;
   // Addresses are valid in the server: it is a fork of this process.
   const Request request{reinterpret_cast<std::uintptr_t>(entry), reinterpret_cast<std::uintptr_t>(fn), nprocs};
-  if (!send_message(g_server.fd, &request, sizeof request, control_fd)) throw server_lost();
-  pending_ = nprocs;
+  const int attached[2] = {server_end.get(), control_fd};
+  if (!send_message(g_server.fd, &request, sizeof request, attached, 2)) {
+    ::close(fd_);
+    throw server_lost_locked(server_);
+  }
 }
 
-ForkServerJob::~ForkServerJob() {
-  if (pending_ > 0) retire_server_locked();
-}
-
-int ForkServerJob::fd() const noexcept { return g_server.fd; }
+ForkServerJob::~ForkServerJob() { ::close(fd_); }
 
 std::optional<ForkServerEvent> ForkServerJob::receive() {
   Reply reply{};
   int fd = -1;
-  const ssize_t n = receive_message(g_server.fd, &reply, sizeof reply, fd, MSG_DONTWAIT);
+  const ssize_t n = receive_message(fd_, &reply, sizeof reply, std::span<int>(&fd, 1), MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::nullopt;
+  if (n == 0 && pending_ == 0) return std::nullopt;  // the server closed a finished job's socket
   if (n != static_cast<ssize_t>(sizeof reply)) {
     if (fd >= 0) ::close(fd);
-    throw server_lost();
+    throw server_lost(server_);
   }
   switch (reply.kind) {
     case ReplyKind::forked:
@@ -286,7 +467,7 @@ std::optional<ForkServerEvent> ForkServerJob::receive() {
                               fmt::format("pidfd_open (in the fork server, for rank {})", reply.rank));
   }
   if (fd >= 0) ::close(fd);
-  throw server_lost();
+  throw server_lost(server_);
 }
 
 }  // namespace detail

@@ -91,18 +91,26 @@ std::string getenv_or_empty(const char* name) {
 }
 
 bool send_with_fd(int socket, const iovec* parts, std::size_t count, int fd) noexcept {
+  return send_with_fds(socket, parts, count, &fd, fd >= 0 ? 1 : 0);
+}
+
+bool send_with_fds(int socket, const iovec* parts, std::size_t count, const int* fds, std::size_t nfds) noexcept {
+  if (nfds > kMaxSentFds) {
+    errno = EINVAL;
+    return false;
+  }
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(parts);
   msg.msg_iovlen = count;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSentFds * sizeof(int))] = {};
+  if (nfds > 0) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
     cmsghdr* header = CMSG_FIRSTHDR(&msg);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
+    header->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    std::memcpy(CMSG_DATA(header), fds, nfds * sizeof(int));
   }
   for (;;) {
     if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return true;

@@ -322,6 +322,19 @@ std::optional<QueueItem> TensorQueue::try_get() {
   return detail::from_handle(handle);
 }
 
+bool TensorQueue::wait_readable(std::optional<std::chrono::nanoseconds> timeout) {
+  const QueueCall described{*this, *state_, false};
+  detail::BlockingCall blocking(&QueueCall::describe, &described);
+  try {
+    detail::wait_until(
+        state_->not_empty, [&] { return size() > 0 || closed(); }, detail::Deadline::after(timeout),
+        "TensorQueue::wait_readable");
+  } catch (const TimeoutError&) {
+    return false;
+  }
+  return true;
+}
+
 void TensorQueue::close() {
   state_->closed.store(1, std::memory_order_release);
   detail::notify(state_->not_empty);

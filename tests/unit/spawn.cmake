@@ -14,4 +14,4 @@ target_link_libraries(spawn_test PRIVATE nodal::runtime GTest::gtest_main $<TARG
 target_compile_definitions(spawn_test PRIVATE NODAL_SPAWN_HANG="$<TARGET_FILE:spawn_hang>")
 add_dependencies(spawn_test spawn_hang)
 # The parameter is already in the name (Methods/SpawnTest.X/fork): no "# GetParam() = ..." suffix.
-gtest_discover_tests(spawn_test NO_PRETTY_VALUES PROPERTIES LABELS unit)
+gtest_discover_tests(spawn_test NO_PRETTY_VALUES PROPERTIES LABELS unit TIMEOUT 120)

@@ -1,13 +1,10 @@
-// nodal::spawn with real child processes, for every start method.
-//
-// Ranks tell the test what they did through files: each writes <root>/rank-<r> holding its pid.
-// The root directory is made once per test process, before main(), and published in
-// NODAL_SPAWN_TEST_ROOT: children re-executed by StartMethod::spawn inherit it, and the fork
-// server, a fork of this process made later, knows it already. The children run plain
-// functions, the only kind StartMethod::forkserver accepts.
+// nodal::spawn and its ProcessContext with real child processes, for every start method.
+// The children report through files (spawn_support.hpp).
 #include <nodal/cuda.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/spawn.hpp>
+
+#include "spawn_support.hpp"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -16,13 +13,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -33,93 +28,8 @@
 
 namespace {
 
-namespace fs = std::filesystem;
-using namespace std::chrono_literals;
+using namespace spawn_support;
 using nodal::StartMethod;
-using Clock = std::chrono::steady_clock;
-
-constexpr const char* kRootVariable = "NODAL_SPAWN_TEST_ROOT";
-
-/// The directory the ranks write to; removed when the process that made it ends.
-struct Root {
-  fs::path path;
-  pid_t owner = -1;  ///< -1 when inherited
-
-  Root() {
-    if (const char* inherited = std::getenv(kRootVariable)) {
-      path = inherited;
-      return;
-    }
-    std::string name = (fs::temp_directory_path() / "nodal-spawn-test-XXXXXX").string();
-    if (::mkdtemp(name.data()) == nullptr) {
-      std::perror("mkdtemp");
-      std::abort();
-    }
-    ::setenv(kRootVariable, name.c_str(), 1);
-    path = name;
-    owner = ::getpid();
-  }
-  ~Root() {
-    std::error_code ignored;
-    if (owner == ::getpid()) fs::remove_all(path, ignored);
-  }
-  Root(const Root&) = delete;
-  Root& operator=(const Root&) = delete;
-};
-
-const Root g_root;
-
-fs::path record_path(const std::string& name, int rank) { return g_root.path / (name + "-" + std::to_string(rank)); }
-
-/// In a child: records that `rank` ran, and as which process. Written then renamed, so that a
-/// reader never sees half a file.
-void record(int rank, const std::string& name = "rank") {
-  const fs::path path = record_path(name, rank);
-  const fs::path partial = path.string() + ".partial";
-  std::ofstream(partial) << ::getpid();
-  fs::rename(partial, path);
-}
-
-/// The pid each rank recorded; -1 for a rank that recorded nothing.
-std::vector<pid_t> recorded(int nprocs, const std::string& name = "rank") {
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < nprocs; ++rank) {
-    pid_t pid = -1;
-    std::ifstream(record_path(name, rank)) >> pid;
-    pids.push_back(pid);
-  }
-  return pids;
-}
-
-/// Polls until pred() holds or `timeout` passes; returns pred()'s last value.
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds timeout = 10s) {
-  for (const auto deadline = Clock::now() + timeout; !pred() && Clock::now() < deadline;) {
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
-}
-
-bool all_recorded(int nprocs) {
-  const std::vector<pid_t> pids = recorded(nprocs);
-  return std::count(pids.begin(), pids.end(), -1) == 0;
-}
-
-/// No such process: it exited and was reaped.
-bool gone(pid_t pid) { return ::kill(pid, 0) < 0 && errno == ESRCH; }
-
-/// Gone, or a zombie: it exited and someone else (init, for an orphan) has yet to reap it.
-bool dead(pid_t pid) {
-  if (gone(pid)) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  const std::string line{std::istreambuf_iterator<char>(stat), std::istreambuf_iterator<char>()};
-  const std::size_t comm_end = line.rfind(')');
-  return comm_end != std::string::npos && line.compare(comm_end, 3, ") Z") == 0;
-}
-
-[[noreturn]] void sleep_forever() {
-  for (;;) ::pause();
-}
 
 // ---- What the children run ---------------------------------------------------------------
 
@@ -162,55 +72,25 @@ void rank_1_throws_rank_0_ignores_sigterm(int rank) {
   rank_1_throws_others_hang(rank);
 }
 
-// ---- Running StartMethod::spawn tests ----------------------------------------------------
-
-/// True once this process has called nodal::spawn.
-bool g_called_spawn = false;
-
-/// StartMethod::spawn re-runs this test binary, and the child replays the test up to the same
-/// nodal::spawn call, counted from the start of the process. ctest runs each test in a process of
-/// its own, so the test's call is the first in parent and child alike. When one process runs
-/// several tests, a spawn-method test that follows another spawn call runs alone in a fresh
-/// process instead, and this process only checks that it passed. Returns true when it did so.
-bool ran_in_fresh_process(StartMethod method) {
-  if (method != StartMethod::spawn || !g_called_spawn) return false;
-  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = std::string(test->test_suite_name()) + "." + test->name();
-  const std::string filter = "--gtest_filter=" + name;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/proc/self/exe", "spawn_test", filter.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << " failed in its own process (output above)";
-  return true;
+void record_and_hang(int rank) {
+  record(rank);
+  sleep_forever();
 }
+
+fs::path go_path() { return g_root.path / "go"; }
+
+/// Records itself, then waits until the test creates <root>/go (exit code 7 if it never does).
+void record_and_wait_for_go(int rank) {
+  record(rank);
+  if (!wait_until([] { return fs::exists(go_path()); }, 30s)) ::_exit(7);
+}
+
+// ---- Running the tests -------------------------------------------------------------------
 
 void spawn(void (*fn)(int), int nprocs, StartMethod method, std::chrono::milliseconds grace = 5s) {
-  g_called_spawn = true;
+  g_started_children = true;
   nodal::spawn(fn, nprocs, {method, grace});
 }
-
-const char* name_of(StartMethod method) {
-  switch (method) {
-    case StartMethod::spawn:
-      return "spawn";
-    case StartMethod::forkserver:
-      return "forkserver";
-    case StartMethod::fork:
-      return "fork";
-  }
-  return "unknown";
-}
-
-class SpawnFixture : public ::testing::Test {
- protected:
-  void TearDown() override {
-    for (const fs::directory_entry& entry : fs::directory_iterator(g_root.path)) fs::remove_all(entry.path());
-  }
-};
 
 class SpawnTest : public SpawnFixture, public ::testing::WithParamInterface<StartMethod> {};
 
@@ -339,6 +219,100 @@ TEST_P(SpawnTest, ThreadsInTheParent) {
 TEST_P(SpawnTest, RejectsFewerThanOneProcess) {
   EXPECT_THROW(nodal::spawn(&record_rank, 0, {GetParam()}), nodal::UsageError);
   EXPECT_THROW(nodal::spawn(&record_rank, -1, {GetParam()}), nodal::UsageError);
+}
+
+// ---- spawn(..., {.join = false}) and its ProcessContext --------------------------------------
+
+/// spawn(fn, nprocs, {.join = false}) with the test's start method.
+nodal::ProcessContext start_unjoined(void (*fn)(int), int nprocs, StartMethod method,
+                                     std::chrono::milliseconds grace = 5s) {
+  g_started_children = true;
+  return nodal::spawn(fn, nprocs, {.start_method = method, .grace = grace, .join = false});
+}
+
+TEST_P(SpawnTest, JoiningSpawnReturnsAJoinedContext) {
+  if (ran_in_fresh_process(GetParam())) return;
+  g_started_children = true;
+  nodal::ProcessContext context = nodal::spawn(&record_rank, 2, {.start_method = GetParam()});
+  EXPECT_EQ(context.pids(), recorded(2));
+  EXPECT_TRUE(context.join(0ms));
+}
+
+TEST_P(SpawnTest, ContextJoinTimesOutWhileChildrenRun) {
+  if (ran_in_fresh_process(GetParam())) return;
+  nodal::ProcessContext context = start_unjoined(&record_and_wait_for_go, 3, GetParam());
+  const std::vector<pid_t> pids = context.pids();
+  ASSERT_EQ(pids.size(), 3u);
+  ASSERT_TRUE(wait_until([] { return all_recorded(3); }));
+  EXPECT_EQ(recorded(3), pids) << "pids() is not by rank";
+  EXPECT_FALSE(context.join(0ms));
+  const auto start = Clock::now();
+  EXPECT_FALSE(context.join(100ms));
+  EXPECT_GE(Clock::now() - start, 100ms);
+  for (pid_t pid : pids) EXPECT_FALSE(dead(pid));
+  std::ofstream(go_path()).close();
+  EXPECT_TRUE(context.join(10s));
+  EXPECT_TRUE(context.join());  // and stays joined
+  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << "pid " << pid << " was not reaped";
+}
+
+TEST_P(SpawnTest, ContextJoinThrowsTheFirstFailureAfterStoppingTheOthers) {
+  if (ran_in_fresh_process(GetParam())) return;
+  nodal::ProcessContext context = start_unjoined(&rank_1_throws_others_hang, kHangingJob, GetParam(), 200ms);
+  const std::vector<pid_t> pids = context.pids();
+  const auto start = Clock::now();
+  try {
+    while (!context.join(50ms)) {
+    }
+    ADD_FAILURE() << "join returned true";
+  } catch (const nodal::ProcessRaisedError& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.pid(), pids[1]);
+    EXPECT_EQ(e.child_report().rfind("std::runtime_error: rank 1 gave up\n", 0), 0u) << e.child_report();
+  }
+  EXPECT_LT(Clock::now() - start, 5s);
+  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << "pid " << pid << " outlived the failed join";
+  EXPECT_THROW(context.join(0ms), nodal::ProcessRaisedError);  // the same error, every time
+}
+
+TEST_P(SpawnTest, DroppedContextKillsAndReapsItsChildren) {
+  if (ran_in_fresh_process(GetParam())) return;
+  std::vector<pid_t> pids;
+  {
+    nodal::ProcessContext context = start_unjoined(&record_and_hang, 2, GetParam());
+    pids = context.pids();
+    ASSERT_TRUE(wait_until([] { return all_recorded(2); }));
+  }
+  for (pid_t pid : pids) {
+    if (GetParam() == StartMethod::forkserver) {  // the server's children: it reaps them as they die
+      EXPECT_TRUE(wait_until([pid] { return gone(pid); }, 5s)) << "pid " << pid << " outlived its context";
+    } else {
+      EXPECT_TRUE(gone(pid)) << "pid " << pid << " outlived its context, or is a zombie";
+    }
+  }
+  EXPECT_LE(::waitpid(-1, nullptr, WNOHANG), 0) << "a zombie is left";
+}
+
+TEST_P(SpawnTest, ContextsRunSideBySide) {
+  if (ran_in_fresh_process(GetParam())) return;
+  nodal::ProcessContext first = start_unjoined(&record_and_wait_for_go, 2, GetParam());
+  nodal::ProcessContext second = start_unjoined(&record_second_call, 2, GetParam());
+  EXPECT_TRUE(second.join(10s)) << "the second context did not run while the first one did";
+  EXPECT_TRUE(all_recorded(2, "second"));
+  EXPECT_FALSE(first.join(0ms));
+  std::ofstream(go_path()).close();
+  EXPECT_TRUE(first.join(10s));
+}
+
+TEST_F(SpawnFixture, AContextNobodyJoinsDoesNotStallTheForkServer) {
+  // Their exits are more news than a socket holds: a server that waited for room to send it would
+  // start nothing else until the context is joined.
+  constexpr int kUnread = 400;
+  nodal::ProcessContext unread = start_unjoined(&record_rank, kUnread, StartMethod::forkserver);
+  ASSERT_TRUE(wait_until([&] { return all_recorded(kUnread); }, 30s));
+  nodal::ProcessContext second = start_unjoined(&record_second_call, 2, StartMethod::forkserver);
+  EXPECT_TRUE(second.join(10s));
+  EXPECT_TRUE(unread.join(30s));
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, SpawnTest,

@@ -61,6 +61,10 @@ class TensorQueue {
   /// The oldest item, or nullopt at once when there is none (closed() tells whether more can come).
   std::optional<QueueItem> try_get();
 
+  /// Waits until an item is queued or the queue is closed, without taking anything; false when
+  /// `timeout` passed first. Throws PeerFailure.
+  bool wait_readable(std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
+
   /// No more puts; consumers drain what is queued and then get nullopt. Idempotent.
   void close();
   bool closed() const;

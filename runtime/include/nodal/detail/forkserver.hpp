@@ -1,11 +1,13 @@
-// The fork server behind nodal::spawn's StartMethod::forkserver. Internal.
+// The fork server behind StartMethod::forkserver (nodal::spawn, nodal::Process). Internal.
 //
 // fork() copies only the calling thread, so a program that runs threads cannot fork safely. The
 // fork server is a copy of the program forked while it was still single-threaded; every
-// forkserver spawn asks it to fork the children from that clean copy, whatever threads the
+// forkserver start asks it to fork the children from that clean copy, whatever threads the
 // program runs by then. Only a parent can wait for its children, so the server reports each
 // child's pid (with a pidfd, opened before the child can be reaped, so signals sent through it
-// never reach a process that reused the pid) and, later, its wait status.
+// never reach a process that reused the pid) and, later, its wait status. Each job (one start's
+// children) has a socket of its own to the server, so jobs run side by side: a Process started
+// while another runs, a ProcessContext not yet joined.
 // The idea is Python's multiprocessing.forkserver; the difference is that ours is a fork of the
 // program, not a fresh interpreter, so a child can only run a function that existed when the
 // server started: a plain function pointer, valid in the server because it is a copy of us.
@@ -13,8 +15,8 @@
 
 #include <sys/types.h>
 
-#include <mutex>
 #include <optional>
+#include <string_view>
 
 namespace nodal::detail {
 
@@ -35,29 +37,28 @@ struct ForkServerEvent {
 void flush_stdio() noexcept;
 
 /// One job on the process's fork server: nprocs children running entry(fn, rank, control_fd).
-/// Starts the server first when none runs (see nodal::start_forkserver). Jobs run one at a time:
-/// a job holds the server until it is destroyed.
+/// Starts the server first when none runs (see nodal::start_forkserver); `caller` names the call
+/// in its errors ("nodal::spawn(StartMethod::forkserver)").
 class ForkServerJob {
  public:
   /// Throws UsageError when the server must start but threads run, nodal::Error when the server
   /// died, std::system_error.
-  ForkServerJob(ForkServerEntry entry, void (*fn)(int rank), int nprocs, int control_fd);
-  /// When the job ends before every child was reported exited (an error in the caller), the
-  /// server would send that job's news to the next one, so it is retired instead: killed and
-  /// reaped, its children dying with it. The next job starts a new server.
+  ForkServerJob(std::string_view caller, ForkServerEntry entry, void (*fn)(int rank), int nprocs, int control_fd);
+  /// Closes the job's socket: the server SIGKILLs the job's children still running and reaps them.
   ~ForkServerJob();
   ForkServerJob(const ForkServerJob&) = delete;
   ForkServerJob& operator=(const ForkServerJob&) = delete;
 
-  /// Readable (POLLIN) when the server has news.
-  int fd() const noexcept;
+  /// Readable (POLLIN) when the server has news for this job.
+  int fd() const noexcept { return fd_; }
   /// The next event, without blocking; nullopt when none is queued. Throws std::system_error when
   /// the server could not fork a child, nodal::Error when the server died.
   std::optional<ForkServerEvent> receive();
 
  private:
-  std::unique_lock<std::mutex> lease_;
-  int pending_ = 0;  ///< children not yet reported exited
+  int fd_ = -1;        ///< the program's end of the job's socket
+  pid_t server_ = -1;  ///< the server that runs the job
+  int pending_ = 0;    ///< children not yet reported exited: the server closes the socket after the last
 };
 
 }  // namespace nodal::detail

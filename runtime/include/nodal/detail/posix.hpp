@@ -42,6 +42,11 @@ bool write_all(int fd, std::string_view buf) noexcept;
 /// peer is gone, or a non-blocking socket is full).
 bool send_with_fd(int socket, const struct iovec* parts, std::size_t count, int fd) noexcept;
 
+/// send_with_fd with fds[0..nfds) attached, at most kMaxSentFds of them (the fork server's requests
+/// carry two). Returns false with errno set (EINVAL for too many).
+inline constexpr std::size_t kMaxSentFds = 4;
+bool send_with_fds(int socket, const struct iovec* parts, std::size_t count, const int* fds, std::size_t nfds) noexcept;
+
 /// Parses a non-negative decimal int; -1 when the text is not one.
 int parse_int(std::string_view text) noexcept;
 
