@@ -25,6 +25,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 extern char** environ;
 
@@ -406,6 +407,53 @@ void ChildGroup::collect_exits(std::vector<ChildEvent>& exits) {
   });
 }
 
+namespace {
+
+/// A join as nodalrun's wait table shows it (wait_record.hpp).
+void describe_join(const void* self, std::string& what, std::string& waiting_for) {
+  const ChildGroup& group = *static_cast<const ChildGroup*>(self);
+  what = fmt::format("join of {} child process(es) (nodal::spawn, ProcessContext or Process)", group.size());
+  std::vector<pid_t> pids = group.pids();
+  waiting_for = fmt::format("{} of them to exit (pids {})", group.running(), fmt::join(pids, ", "));
+}
+
+/// How often a recorded join wakes to refresh its line and answer nodalrun's stack requests.
+constexpr int kRecordedSliceMs = 100;
+
+}  // namespace
+
+void ChildGroup::poll_recorded(std::vector<pollfd>& fds, int timeout_ms) {
+  if (timeout_ms == 0) {
+    if (::poll(fds.data(), fds.size(), 0) < 0 && errno != EINTR) throw_errno("poll");
+    return;
+  }
+  // Blocking: the join is a wait like any other nodal call (a rank of a job that waits for its
+  // children shows so in nodalrun's table). Without a table, one plain poll.
+  BlockingCall blocking(&describe_join, this);
+  WaitEntry* entry = begin_waiting("join of child processes");
+  if (entry == nullptr) {
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
+    return;
+  }
+  struct End {
+    WaitEntry* entry;
+    ~End() { end_waiting(entry); }
+  } end{entry};
+  const auto deadline = timeout_ms < 0 ? std::optional<Clock::time_point>()
+                                       : Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int slice = kRecordedSliceMs;
+    if (deadline) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
+      slice = static_cast<int>(std::clamp<decltype(left)>(left, 0, kRecordedSliceMs));
+    }
+    const int ready = ::poll(fds.data(), fds.size(), slice);
+    if (ready < 0 && errno != EINTR) throw_errno("poll");
+    if (ready != 0 || (deadline && Clock::now() >= *deadline)) return;
+    refresh_waiting(entry, "join of child processes");
+  }
+}
+
 void ChildGroup::wait(std::optional<Clock::time_point> deadline, std::vector<ChildEvent>& events) {
   if (children_->running() == 0) return;  // every report came before its exit
   // A pidfd turns readable when its process ends (no SIGCHLD handler, which a library cannot own
@@ -421,7 +469,7 @@ void ChildGroup::wait(std::optional<Clock::time_point> deadline, std::vector<Chi
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
     timeout_ms = static_cast<int>(std::clamp<decltype(left)>(left, 0, INT_MAX));
   }
-  if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
+  poll_recorded(fds, timeout_ms);
 
   // Exits first, then reports: a child sends its report before it exits, so the report of every
   // exit collected here is already queued, and is handed on first. Otherwise a child that raised

@@ -4,6 +4,8 @@
 // join) and nodal::Process (Python's one child) are two policies over it. Internal.
 #pragma once
 
+#include <poll.h>
+
 #include <nodal/spawn.hpp>
 #include <nodal/detail/control.hpp>
 #include <nodal/detail/forkserver.hpp>
@@ -109,6 +111,8 @@ class ChildGroup {
   void start_by_exec(int call, OwnedFd ranks_end);
   void start_by_forkserver(const ChildTarget& target, OwnedFd ranks_end, std::string_view caller);
   void collect_exits(std::vector<ChildEvent>& exits);
+  /// poll() for wait(); a blocking one is shown in the job's wait table while it lasts.
+  void poll_recorded(std::vector<pollfd>& fds, int timeout_ms);
 
   OwnedFd control_;                      ///< the parent's end of the control socket: exception reports
   std::vector<ChildEvent> early_exits_;  ///< exits the fork server reported while the start waited for pids

@@ -122,6 +122,19 @@ TEST(Stall, AConsumerWhoseProducerIsIdleIsNamedWithinTheTimeout) {
   EXPECT_GE(count_lines(r.err, R"(^\[0\] .*TensorQueue::get)"), 1) << r.err;
 }
 
+TEST(Stall, ARankJoiningAChildThatNeverEndsIsNamed) {
+  Diagnosed d = run_until_diagnosed({"--stall-timeout", "1"}, "hung-child", 1);
+  const ChildResult& r = d.result;
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 125) << r.err;
+  EXPECT_LE(d.table_after_ready_s, 1.0 + 1.0) << r.err;
+  const std::string line = table_line(r.err, 0);
+  EXPECT_TRUE(contains(line, "waiting")) << line;
+  EXPECT_TRUE(contains(line, "in join of 1 child process(es)")) << line;
+  EXPECT_TRUE(contains(line, "for 1 of them to exit (pids ")) << line;
+  EXPECT_GE(count_lines(r.err, R"(^\[0\] .*nodal::spawn)"), 1) << "the join's stack: " << r.err;
+}
+
 TEST(Stall, RanksCallingDifferentCollectivesStayAUsageError) {
   const Clock::time_point start = Clock::now();
   ChildResult r = run(nodalrun_command({"-n", "2", "--stall-timeout", "2", kStallProgram, "mismatch"}), 60s);

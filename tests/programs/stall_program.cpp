@@ -4,6 +4,7 @@
 //   idle-producer    rank 0 gets from queue 'jobs'; rank 1 puts 2 items, then stays alive, idle in
 //                    its own code: the consumer waits for a put that never comes
 //   mismatch         rank 0 calls allreduce, the others broadcast (a UsageError, not a stall)
+//   hung-child       rank 0 joins a nodal::spawn child that never ends (a join is a wait too)
 //   progress         every rank makes allreduces for SECONDS (argument 2), rank 0 sleeping
 //                    between them in its own code: slow, but never a stall
 // Each rank prints "ready <rank> <pid>" first.
@@ -50,6 +51,13 @@ int main(int argc, char** argv) {
       world.allreduce(x, x, 4, nodal::DType::f32);
     } else {
       world.broadcast(x, 4, nodal::DType::f32, 0);
+    }
+    return 0;
+  }
+  if (mode == "hung-child") {
+    if (ctx.rank() == 0) {
+      nodal::spawn([](int) { std::this_thread::sleep_for(std::chrono::hours(1)); }, 1,
+                   {.start_method = nodal::StartMethod::fork});
     }
     return 0;
   }
