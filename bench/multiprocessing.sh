@@ -3,9 +3,18 @@
 # multiprocessing / torch.multiprocessing (bench/peers/mp_bench.py, Debian's python3-torch), run
 # one after the other on a quiet machine. Prints both CSVs and the ratios of their medians.
 #   bench/multiprocessing.sh [BUILD_DIR]   (default build/release)
+# The peer needs Debian's python3-torch (large, and no test needs it: scripts/setup-debian.sh
+# leaves it out); this script installs it when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "multiprocessing.sh: installing python3-torch (the Python peer's torch.multiprocessing)" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+fi
 nodal=$("$build/bench/multiprocessing_bench")
 python=$(/usr/bin/python3 bench/peers/mp_bench.py)
 echo "$nodal"

@@ -86,7 +86,7 @@ StatusTable StallWatch::take_table(const std::vector<RankRecord>& ranks, Clock::
   const detail::RankWaits* rows = detail::wait_table(arena_, &world_size);
   const std::int64_t now_ns = realtime_ns();
   for (const RankRecord& r : ranks) {
-    RankStatus row{r.rank, r.pid, {}, {}};
+    RankStatus row{r.rank, r.pid, {}, {}, 0};
     if (r.pid <= 0) {
       row.state = "not started";
     } else if (r.reaped) {
@@ -103,6 +103,7 @@ StatusTable StallWatch::take_table(const std::vector<RankRecord>& ranks, Clock::
         if (!row.text.empty()) row.text += "; ";
         if (w.state == detail::WaitEntry::waiting) {
           waiting = true;
+          ++row.waiting_threads;
           row.text += fmt::format("in {} for {}, since {}", w.what, w.waiting_for, describe_since(w.since_ns, now_ns));
         } else {
           row.text += fmt::format("in {} (working; first waited at {})", w.what, describe_since(w.since_ns, now_ns));
@@ -127,11 +128,7 @@ void StallWatch::begin_diagnosis(const std::vector<RankRecord>& ranks, Clock::ti
   pending_ = take_table(ranks, job_started, now, std::move(reason));
   detail::write_all(STDERR_FILENO, format_status_table(*pending_));
   stacks_expected_ = 0;
-  for (const RankStatus& row : pending_->rows) {
-    if (row.state != "waiting") continue;
-    // Every thread of the rank that waits answers; count them as the table shows them.
-    stacks_expected_ += 1 + static_cast<int>(std::count(row.text.begin(), row.text.end(), ';'));
-  }
+  for (const RankStatus& row : pending_->rows) stacks_expected_ += row.waiting_threads;
   requested_at_ = now;
   if (stacks_expected_ > 0) arena_.control().stack_request.fetch_add(1, std::memory_order_acq_rel);
 }

@@ -23,6 +23,7 @@ struct RankStatus {
   int pid = -1;
   std::string state;  ///< "not started", "running", "waiting", "working", "exited"
   std::string text;   ///< the rest of the line, in words
+  int waiting_threads = 0;  ///< the rank's threads blocked in a nodal call (each answers a stack request)
 };
 
 /// What nodalrun prints and puts in --report when a job stalls or is asked for its status.

@@ -105,15 +105,9 @@ bool Semaphore::try_acquire() {
 
 void Semaphore::acquire(Timeout timeout) {
   detail::BlockingCall blocking(&detail::describe_semaphore, state_);
-  std::uint32_t attempts = 0;
-  detail::wait_until(
-      state_->word,
-      [&] {
-        if (try_acquire()) return true;
-        if (++attempts % 256 == 0) detail::check_holders(*state_);
-        return false;
-      },
-      detail::Deadline::after(timeout), "Semaphore::acquire");
+  detail::wait_to_take(
+      state_->word, [&] { return try_acquire(); }, [&] { detail::check_holders(*state_); }, timeout,
+      "Semaphore::acquire");
 }
 
 void Semaphore::release(int n) {

@@ -118,19 +118,15 @@ bool Lock::try_lock() {
 
 void Lock::lock(Timeout timeout) {
   detail::BlockingCall blocking(&detail::describe_lock, state_);
-  std::uint32_t attempts = 0;
-  detail::wait_until(
-      state_->word,
+  detail::wait_to_take(
+      state_->word, [&] { return try_lock(); },
       [&] {
-        if (try_lock()) return true;
-        // Now and then, make sure the holder still exists: a dead holder never unlocks.
-        if (++attempts % 256 == 0 && !detail::process_alive(state_->owner.load(std::memory_order_relaxed))) {
-          throw PeerFailure(fmt::format("the process holding this lock (pid {}) died without releasing it",
-                                        state_->owner.load()));
+        const std::int32_t owner = state_->owner.load(std::memory_order_relaxed);
+        if (!detail::process_alive(owner)) {
+          throw PeerFailure(fmt::format("the process holding this lock (pid {}) died without releasing it", owner));
         }
-        return false;
       },
-      detail::Deadline::after(timeout), "Lock::lock");
+      timeout, "Lock::lock");
 }
 
 void Lock::unlock() {
@@ -173,18 +169,16 @@ bool RLock::try_acquire() {
 
 void RLock::acquire(Timeout timeout) {
   detail::BlockingCall blocking(&detail::describe_rlock, state_);
-  std::uint32_t attempts = 0;
-  detail::wait_until(
-      state_->word,
+  detail::wait_to_take(
+      state_->word, [&] { return try_acquire(); },
       [&] {
-        if (try_acquire()) return true;
-        if (++attempts % 256 == 0 && !detail::process_alive(state_->owner_pid.load(std::memory_order_relaxed))) {
+        const std::int32_t owner = state_->owner_pid.load(std::memory_order_relaxed);
+        if (!detail::process_alive(owner)) {
           throw PeerFailure(fmt::format("the process holding RLock '{}' (pid {}) died without releasing it",
-                                        state_->name.text, state_->owner_pid.load()));
+                                        state_->name.text, owner));
         }
-        return false;
       },
-      detail::Deadline::after(timeout), "RLock::acquire");
+      timeout, "RLock::acquire");
 }
 
 void RLock::release() {

@@ -92,7 +92,6 @@ void bind_wait_record(int rank) noexcept {
   RankWaits* table = job_arena_exists() ? wait_table(job_arena(), &ranks) : nullptr;
   if (!table || rank < 0 || rank >= ranks) return;
   g_row = &table[rank];
-  g_row->pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_relaxed);
   g_wait_heartbeat = &g_row->calls;
 }
 

@@ -37,7 +37,6 @@ RankWaits* wait_table(const Arena& arena, int* world_size) noexcept {
 RankSnapshot read_rank_waits(const RankWaits& row) {
   RankSnapshot snapshot;
   snapshot.calls = row.calls.load(std::memory_order_acquire);
-  snapshot.pid = row.pid.load(std::memory_order_relaxed);
   for (const WaitEntry& entry : row.entries) {
     // A seqlock read: a copy taken while the version was even and unchanged is whole.
     for (int attempt = 0; attempt < 1000; ++attempt) {
@@ -46,7 +45,6 @@ RankSnapshot read_rank_waits(const RankWaits& row) {
       WaitSnapshot copy;
       copy.state = static_cast<WaitEntry::State>(entry.state.load(std::memory_order_relaxed));
       copy.tid = entry.tid.load(std::memory_order_relaxed);
-      copy.stack_answered = entry.stack_answered.load(std::memory_order_relaxed);
       copy.since_ns = entry.since_ns;
       copy.what.assign(entry.what, strnlen(entry.what, sizeof entry.what));
       copy.waiting_for.assign(entry.waiting_for, strnlen(entry.waiting_for, sizeof entry.waiting_for));

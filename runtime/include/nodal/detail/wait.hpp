@@ -86,6 +86,23 @@ void wait_until(WaitWord& word, Ready&& ready, Deadline deadline, std::string_vi
   }
 }
 
+/// Waits until try_take() succeeds (a lock's or a semaphore's compare-exchange). Once in 256
+/// failed attempts it calls check_holder(), which throws PeerFailure when the process holding what
+/// it waits for has died: such a holder never gives it back. `timeout` empty: no deadline.
+template <class TryTake, class CheckHolder>
+void wait_to_take(WaitWord& word, TryTake&& try_take, CheckHolder&& check_holder,
+                  std::optional<std::chrono::nanoseconds> timeout, std::string_view what) {
+  std::uint32_t attempts = 0;
+  wait_until(
+      word,
+      [&] {
+        if (try_take()) return true;
+        if (++attempts % 256 == 0) check_holder();
+        return false;
+      },
+      Deadline::after(timeout), what);
+}
+
 /// Throws PeerFailure if the job has been declared failed. Cheap: one load.
 void check_job_alive();
 

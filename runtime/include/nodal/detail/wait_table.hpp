@@ -45,7 +45,6 @@ struct alignas(64) WaitEntry {
 /// ranks doing anything else.
 struct alignas(64) RankWaits {
   std::atomic<std::uint64_t> calls;
-  std::atomic<std::int32_t> pid;
   alignas(64) WaitEntry entries[kWaitEntries];
 };
 
@@ -66,13 +65,11 @@ struct WaitSnapshot {
   WaitEntry::State state = WaitEntry::free;
   int tid = 0;
   std::int64_t since_ns = 0;
-  std::uint32_t stack_answered = 0;
   std::string what;
   std::string waiting_for;
 };
 struct RankSnapshot {
   std::uint64_t calls = 0;
-  int pid = 0;
   std::vector<WaitSnapshot> waits;  ///< the entries not free, in_call or waiting
 };
 RankSnapshot read_rank_waits(const RankWaits& row);
