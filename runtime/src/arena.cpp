@@ -1,6 +1,7 @@
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/termination_shield.hpp>
 #include <nodal/detail/units.hpp>
 
 #include <fcntl.h>
@@ -205,6 +206,7 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
     throw UsageError(fmt::format("Arena::allocate: alignment {} is not a power of two up to 4096", alignment));
   }
   void* p = nullptr;
+  const detail::TerminationShield shield;  // a SIGTERM here would leave the allocator locked
   try {
     p = segment_->buffer.allocate_aligned(std::max<std::size_t>(bytes, 1), alignment, std::nothrow);
   } catch (const bip::interprocess_exception& e) {
@@ -228,6 +230,7 @@ void Arena::deallocate(void* pointer) noexcept {
   // The pages stay reserved: the next tensor of that size reuses them without faulting them in
   // again (the one-copy path is then a plain memcpy). They go back to the kernel with the arena.
   if (!pointer) return;
+  const detail::TerminationShield shield;
   try {
     segment_->buffer.deallocate(pointer);
   } catch (const bip::interprocess_exception&) {
@@ -270,6 +273,7 @@ void* Arena::find_or_create(const char* name, std::size_t bytes, std::size_t ali
     result = block;
   };
   try {
+    const detail::TerminationShield shield;
     segment_->buffer.get_segment_manager()->atomic_func(body);
   } catch (const bip::interprocess_exception& e) {
     throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));

@@ -6,6 +6,7 @@
 #include <nodal/detail/exception_report.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/termination_shield.hpp>
 #include <nodal/detail/wait_record.hpp>
 
 #include <fcntl.h>
@@ -131,6 +132,7 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 [[noreturn]] void run_child(const std::function<void(int)>& fn, int rank, int control_fd) noexcept {
   g_in_child = true;
   unbind_wait_record();  // the parent's row in the wait table is the parent's
+  defer_termination_in_shielded_sections();  // terminate() never leaves the arena half-changed
   std::string report;
   try {
     fn(rank);

@@ -3,6 +3,7 @@
 #include <nodal/tensor_queue.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
+#include <nodal/detail/termination_shield.hpp>
 #include <nodal/detail/wait.hpp>
 #include <nodal/detail/wait_record.hpp>
 
@@ -77,7 +78,10 @@ struct QueueState {
 
 namespace {
 
+// Both run shielded from SIGTERM (termination_shield.hpp): a process ended between claiming a
+// cell and publishing it would block that cell, and with it the queue, for everyone.
 bool try_enqueue(QueueState& q, const ItemHandle& item) {
+  const TerminationShield shield;
   std::uint64_t pos = q.enqueue_pos.load(std::memory_order_relaxed);
   for (;;) {
     if (q.capacity < q.cell_count && pos - q.dequeue_pos.load(std::memory_order_acquire) >= q.capacity) return false;
@@ -99,6 +103,7 @@ bool try_enqueue(QueueState& q, const ItemHandle& item) {
 }
 
 bool try_dequeue(QueueState& q, ItemHandle& item) {
+  const TerminationShield shield;
   std::uint64_t pos = q.dequeue_pos.load(std::memory_order_relaxed);
   for (;;) {
     Cell& cell = q.cells()[pos % q.cell_count];

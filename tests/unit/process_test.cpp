@@ -4,6 +4,7 @@
 // (spawn_support.hpp).
 #include <nodal/errors.hpp>
 #include <nodal/process.hpp>
+#include <nodal/detail/termination_shield.hpp>
 
 #include "child_process.hpp"
 #include "spawn_support.hpp"
@@ -57,6 +58,18 @@ void wait_for_go() {
 }
 
 void record_second() { record(0, "second"); }
+
+/// Spends 300 ms in a section shielded from SIGTERM (as an arena allocation or a queue's cell
+/// update is): records "entered", and "left" once the section ran to its end.
+void shielded_section() {
+  {
+    const nodal::detail::TerminationShield shield;
+    record(0, "entered");
+    std::this_thread::sleep_for(300ms);
+    record(0, "left");
+  }
+  sleep_forever();  // the SIGTERM held back ends the process as the section ends: never reached
+}
 
 // ---- Running the tests -------------------------------------------------------------------
 
@@ -139,6 +152,17 @@ TEST_P(ProcessTest, TerminateEndsTheChildWithoutAnError) {
   EXPECT_FALSE(process.is_alive());
   EXPECT_TRUE(exited_with(*process.pid()));
   process.terminate();  // after the exit: nothing to do
+}
+
+TEST_P(ProcessTest, TerminateWaitsForTheChildToLeaveAShieldedSection) {
+  if (ran_in_fresh_process(GetParam())) return;
+  Process process = make(&shielded_section, GetParam());
+  process.start();
+  ASSERT_TRUE(wait_until([] { return all_recorded(1, "entered"); }));
+  process.terminate();
+  EXPECT_TRUE(process.join(10s));
+  EXPECT_EQ(process.exitcode(), -SIGTERM) << "SIGTERM still ends the child, by its default action";
+  EXPECT_TRUE(all_recorded(1, "left")) << "SIGTERM cut the shielded section short";
 }
 
 TEST_P(ProcessTest, KillEndsTheChildWithoutAnError) {

@@ -1,0 +1,31 @@
+// Holding SIGTERM back while this process changes the job's shared structures (the arena's
+// allocator and index, a queue's cell), so that terminating a child (Process::terminate,
+// Pool::terminate, ProcessContext stopping the rest) never leaves the arena half-changed for
+// the processes that go on: a process killed there would hold the allocator's robust mutex
+// (unusable for the whole job) or a queue cell (blocking every later put on it).
+//
+// How: children started by nodal (run_child) install a SIGTERM handler. When no thread of the
+// process is inside a TerminationShield section, the handler terminates the process at once, by
+// SIGTERM (the exit status reads "killed by SIGTERM", as with the default action); otherwise the
+// last thread to leave a section does. In a process without the handler (a rank, a program's
+// main process) a section costs two atomic adds and changes nothing. SIGKILL cannot be held
+// back: a child killed by it inside a section still breaks what it was changing.
+#pragma once
+
+namespace nodal::detail {
+
+/// RAII: a section that SIGTERM does not interrupt (see above). Sections nest and may be open in
+/// several threads at once. Entering one after SIGTERM arrived does not enter: the thread leaves
+/// at once and the process ends.
+class TerminationShield {
+ public:
+  TerminationShield() noexcept;
+  ~TerminationShield();
+  TerminationShield(const TerminationShield&) = delete;
+  TerminationShield& operator=(const TerminationShield&) = delete;
+};
+
+/// Installs the deferring SIGTERM handler in this process (a child nodal started). Idempotent.
+void defer_termination_in_shielded_sections() noexcept;
+
+}  // namespace nodal::detail

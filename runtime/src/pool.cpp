@@ -1,0 +1,531 @@
+#include <nodal/pool.hpp>
+
+#include <nodal/errors.hpp>
+#include <nodal/process.hpp>
+#include <nodal/detail/exception_report.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace nodal {
+namespace detail::pool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+/// Tasks queued to one worker at a time, beyond the one it runs: enough that a worker never
+/// waits for the parent between two short tasks, few enough that a worker stuck in a long task
+/// holds back little work that another worker could do (tasks are not stolen back).
+constexpr std::size_t kDepth = 4;
+constexpr std::size_t kResultCapacity = 256;
+/// How long the collecting thread waits on the result queue before it looks at the workers, and
+/// how often it looks at them while results keep coming.
+constexpr auto kPoll = 5ms;
+/// Pool::terminate: how long after SIGTERM a worker still running gets SIGKILL.
+constexpr auto kTerminateGrace = 2s;
+
+/// What a worker puts on the result queue; every message's text starts with the worker's pid.
+enum Kind : std::int64_t { kResult = 2, kError = 3, kInitError = 4 };
+
+struct WorkerConfig {
+  std::string tasks;
+  std::string results;
+  void (*initializer)() = nullptr;
+  std::uint64_t maxtasks = 0;
+};
+
+QueueItem message(Kind kind, std::int64_t task, std::int64_t pid) {
+  QueueItem item;
+  item.index = task;
+  item.label = kind;
+  Writer(item).put(pid);
+  return item;
+}
+
+/// A worker: runs the tasks of its own queue in order, one result (or error) per task.
+void worker_main(const WorkerConfig& config) {
+  TensorQueue tasks = TensorQueue::open(config.tasks, kDepth);
+  TensorQueue results = TensorQueue::open(config.results, kResultCapacity);
+  const std::int64_t pid = ::getpid();
+  if (config.initializer != nullptr) {
+    try {
+      config.initializer();
+    } catch (...) {
+      QueueItem report = message(kInitError, -1, pid);
+      report.text += describe_exception(std::current_exception()) + "\n" + current_stack_trace();
+      results.put(std::move(report));
+      return;
+    }
+  }
+  for (std::uint64_t done = 0; config.maxtasks == 0 || done < config.maxtasks; ++done) {
+    std::optional<QueueItem> task = tasks.get();
+    if (!task) return;  // closed and drained
+    QueueItem out = message(kResult, task->index, pid);
+    try {
+      Reader in(*task, 0);
+      TaskHeader header{};
+      in.bytes(&header, sizeof header);
+      Writer writer(out);
+      reinterpret_cast<Runner>(static_cast<std::uintptr_t>(header.runner))(header.fn, in, header.count, writer);
+    } catch (...) {
+      out = message(kError, task->index, pid);
+      out.text += describe_exception(std::current_exception()) + "\n" + current_stack_trace();
+    }
+    task.reset();  // drop the arguments' tensors before the result goes
+    results.put(std::move(out));
+  }
+}
+
+/// Where a forkserver worker finds its configuration (a plain function pointer carries none):
+/// one item on a queue named for its pid.
+std::string handoff_name(pid_t pid) { return fmt::format("nodal.pool.handoff.{}", pid); }
+
+/// A forkserver worker's target.
+void forkserver_worker() {
+  std::optional<QueueItem> item = TensorQueue::open(handoff_name(::getpid()), 1).get(60s);
+  if (!item) throw Error("nodal::Pool: a forkserver worker got no configuration from its pool in 60 s");
+  WorkerConfig config;
+  Reader reader(*item, 0);
+  config.initializer = reinterpret_cast<void (*)()>(static_cast<std::uintptr_t>(reader.get<std::uint64_t>()));
+  config.maxtasks = reader.get<std::uint64_t>();
+  config.tasks = reader.get<std::string>();
+  config.results = reader.get<std::string>();
+  item.reset();
+  worker_main(config);
+}
+
+std::atomic<int> g_pool_count{0};
+
+}  // namespace
+
+void Reader::bytes(void* data, std::size_t size) {
+  if (offset_ + size > item_.text.size()) throw Error("nodal::Pool: a task or result item is shorter than its values");
+  std::memcpy(data, item_.text.data() + offset_, size);
+  offset_ += size;
+}
+
+Tensor Reader::tensor() {
+  if (next_tensor_ >= item_.tensors.size()) throw Error("nodal::Pool: a task or result item lacks a tensor");
+  return item_.tensors[next_tensor_++];
+}
+
+struct Task {
+  std::string what;
+  std::uint64_t count = 0;
+  bool finished = false;
+  bool abandoned = false;
+  QueueItem result;
+  std::exception_ptr error;
+};
+
+/// One worker as the parent sees it: its process, its task queue, and the tasks it was given
+/// that have not come back, in the order it runs them.
+struct Worker {
+  std::unique_ptr<Process> process;
+  pid_t pid = -1;
+  int slot = 0;
+  std::string queue_name;
+  std::optional<TensorQueue> queue;
+  std::deque<std::int64_t> given;
+  std::uint64_t given_total = 0;  ///< for maxtasksperchild
+};
+
+/// The parent's side of a pool. Each worker has its own task queue, fed by the parent a few
+/// tasks ahead (kDepth). So the parent always knows which tasks a worker holds: when it dies, the
+/// tasks still in its queue go to other workers, and the one it had taken fails with
+/// ProcessExitedError; no task is lost, whatever instant it died at. (Python's Pool, with one
+/// shared queue, cannot tell which task a dead worker held, and waits forever.)
+class Core {
+ public:
+  Core(std::size_t processes, PoolOptions options)
+      : options_(options),
+        id_(fmt::format("nodal.pool.{}.{}", ::getpid(), ++g_pool_count)),
+        results_(TensorQueue::open(id_ + ".results", kResultCapacity)) {
+    if (options.start_method == StartMethod::spawn) {
+      throw UsageError(
+          "nodal::Pool: StartMethod::spawn is not supported (task functions travel as addresses, valid only in a "
+          "fork of this program); use StartMethod::fork or StartMethod::forkserver");
+    }
+    if (processes == 0) processes = std::max(1U, std::thread::hardware_concurrency());
+    processes_ = processes;
+    try {
+      for (std::size_t k = 0; k < processes; ++k) start_worker();
+    } catch (...) {
+      terminate();
+      throw;
+    }
+  }
+  ~Core() { terminate(); }
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  std::int64_t submit(QueueItem item, std::string what) {
+    if (terminated_) throw UsageError("nodal::Pool: the pool was terminated");
+    if (closed_) throw UsageError("nodal::Pool: the pool was closed");
+    if (broken_) std::rethrow_exception(broken_);
+    TaskHeader header{};
+    Reader(item, 0).bytes(&header, sizeof header);
+    const std::int64_t id = next_task_++;
+    item.index = id;
+    Task& task = tasks_by_id_[id];
+    task.what = std::move(what);
+    task.count = header.count;
+    ++outstanding_;
+    backlog_.push_back(std::move(item));
+    feed();
+    return id;
+  }
+
+  QueueItem take(std::int64_t id, std::optional<Clock::time_point> deadline) {
+    for (;;) {
+      auto it = tasks_by_id_.find(id);
+      if (it == tasks_by_id_.end()) throw UsageError(fmt::format("nodal::Pool: task {} was taken already", id));
+      if (it->second.finished) {
+        Task task = std::move(it->second);
+        tasks_by_id_.erase(it);
+        if (task.error) std::rethrow_exception(task.error);
+        task.result.index = static_cast<std::int64_t>(task.count);
+        return std::move(task.result);
+      }
+      if (deadline && Clock::now() >= *deadline) {
+        throw TimeoutError(fmt::format("nodal::Pool: timed out waiting for task {} ({})", id, it->second.what));
+      }
+      collect(deadline);
+    }
+  }
+
+  bool done(std::int64_t id) {
+    collect(Clock::now());
+    auto it = tasks_by_id_.find(id);
+    return it == tasks_by_id_.end() || it->second.finished;
+  }
+
+  std::optional<std::int64_t> wait_any(const std::vector<std::int64_t>& ids, std::optional<Clock::time_point> deadline) {
+    for (;;) {
+      for (std::int64_t id : ids) {
+        auto it = tasks_by_id_.find(id);
+        if (it == tasks_by_id_.end() || it->second.finished) return id;
+      }
+      if (deadline && Clock::now() >= *deadline) return std::nullopt;
+      collect(deadline);
+    }
+  }
+
+  void abandon(const std::vector<std::int64_t>& ids) noexcept {
+    for (std::int64_t id : ids) {
+      auto it = tasks_by_id_.find(id);
+      if (it == tasks_by_id_.end()) continue;
+      if (it->second.finished) {
+        tasks_by_id_.erase(it);
+      } else {
+        it->second.abandoned = true;
+      }
+    }
+  }
+
+  void close() {
+    closed_ = true;
+    feed();
+  }
+
+  void terminate() noexcept {
+    if (terminated_) return;
+    terminated_ = true;
+    closed_ = true;
+    // Workers hold SIGTERM back while they change the arena or a queue (termination_shield.hpp),
+    // so ending them in the middle of a task leaves the job's shared structures whole.
+    for (Worker& worker : workers_) {
+      if (worker.queue) worker.queue->close();
+      try {
+        worker.process->terminate();
+      } catch (...) {
+      }
+    }
+    const auto kill_at = Clock::now() + kTerminateGrace;
+    for (Worker& worker : workers_) {
+      try {
+        while (!worker.process->join(std::chrono::milliseconds(1))) {
+          if (Clock::now() >= kill_at) {
+            worker.process->kill();
+            worker.process->join();
+            break;
+          }
+        }
+      } catch (...) {
+      }
+      while (worker.queue->try_get()) {  // the references its untaken tasks held
+      }
+    }
+    workers_.clear();
+    results_.close();
+    backlog_.clear();
+    for (auto& [id, task] : tasks_by_id_) {
+      if (task.finished) continue;
+      finish(id, task, std::make_exception_ptr(Error(fmt::format(
+                           "nodal::Pool: the pool was terminated before task {} ({}) finished", id, task.what))));
+    }
+  }
+
+  void join() {
+    if (!closed_) throw UsageError("nodal::Pool::join: call close() or terminate() first");
+    while (!workers_.empty()) collect(std::nullopt);
+  }
+
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> pids;
+    for (const Worker& worker : workers_) pids.push_back(worker.pid);
+    return pids;
+  }
+
+ private:
+  /// One round of the collecting loop: feeds the workers, takes what came back (waiting up to
+  /// kPoll or the deadline for it), and looks after workers that exited.
+  void collect(std::optional<Clock::time_point> deadline) {
+    if (terminated_) return;
+    feed();
+    auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(kPoll);
+    if (deadline) wait = std::clamp(std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - Clock::now()),
+                                    std::chrono::nanoseconds(0), wait);
+    const bool came = results_.wait_readable(wait);
+    if (came) drain();
+    // Looking at the workers costs a waitpid each: after a quiet kPoll, or once per kPoll.
+    const auto now = Clock::now();
+    if (!came || now >= next_check_) {
+      next_check_ = now + kPoll;
+      check_workers();
+    }
+    feed();
+  }
+
+  /// Gives backlog tasks to the least busy workers, up to kDepth each (and no more than a
+  /// worker's maxtasksperchild allows), in submission order. Only this process puts on a
+  /// worker's queue, and it never holds more than kDepth, so put never waits.
+  void feed() {
+    if (terminated_) return;
+    while (!backlog_.empty()) {
+      Worker* best = nullptr;
+      for (Worker& worker : workers_) {
+        if (worker.given.size() >= kDepth) continue;
+        if (options_.maxtasksperchild != 0 && worker.given_total >= options_.maxtasksperchild) continue;
+        if (best == nullptr || worker.given.size() < best->given.size()) best = &worker;
+      }
+      if (best == nullptr) break;
+      const std::int64_t id = backlog_.front().index;
+      best->queue->put(std::move(backlog_.front()));
+      backlog_.pop_front();
+      best->given.push_back(id);
+      ++best->given_total;
+    }
+    if (closed_ && backlog_.empty()) {
+      for (Worker& worker : workers_) worker.queue->close();  // each leaves once its queue is drained
+    }
+  }
+
+  void drain() {
+    while (std::optional<QueueItem> item = results_.try_get()) handle(std::move(*item));
+  }
+
+  Worker* worker_of(std::int64_t pid) {
+    for (Worker& worker : workers_) {
+      if (worker.pid == pid) return &worker;
+    }
+    return nullptr;
+  }
+
+  void handle(QueueItem item) {
+    Reader reader(item, 0);
+    const std::int64_t pid = reader.get<std::int64_t>();
+    Worker* worker = worker_of(pid);
+    const std::int64_t id = item.index;
+    if (item.label == kInitError) {
+      broken_ = std::make_exception_ptr(ProcessRaisedError(worker ? worker->slot : 0, static_cast<int>(pid),
+                                                           item.text.substr(sizeof pid),
+                                                           "a nodal::Pool worker's initializer"));
+      fail_all(broken_);
+      return;
+    }
+    if (worker != nullptr) std::erase(worker->given, id);
+    auto it = tasks_by_id_.find(id);
+    if (it == tasks_by_id_.end() || it->second.finished) return;
+    if (item.label == kError) {
+      finish(id, it->second,
+             std::make_exception_ptr(ProcessRaisedError(worker ? worker->slot : 0, static_cast<int>(pid),
+                                                        item.text.substr(sizeof pid), name(worker, id))));
+    } else {
+      item.text.erase(0, sizeof pid);
+      it->second.result = std::move(item);
+      finish(id, it->second, nullptr);
+    }
+  }
+
+  std::string name(const Worker* worker, std::int64_t id) const {
+    auto it = tasks_by_id_.find(id);
+    return fmt::format("nodal::Pool worker {} running task {} ({})", worker ? worker->slot : -1, id,
+                       it == tasks_by_id_.end() ? std::string("?") : it->second.what);
+  }
+
+  void finish(std::int64_t id, Task& task, std::exception_ptr error) {
+    task.finished = true;
+    task.error = std::move(error);
+    --outstanding_;
+    if (task.abandoned) tasks_by_id_.erase(id);
+  }
+
+  void fail_all(const std::exception_ptr& error) {
+    backlog_.clear();
+    std::vector<std::int64_t> ids;
+    for (auto& [id, task] : tasks_by_id_) {
+      if (!task.finished) ids.push_back(id);
+    }
+    for (std::int64_t id : ids) finish(id, tasks_by_id_.at(id), error);
+  }
+
+  void check_workers() {
+    bool changed = false;
+    for (std::size_t k = 0; k < workers_.size();) {
+      Worker& worker = workers_[k];
+      if (worker.process->is_alive()) {
+        ++k;
+        continue;
+      }
+      changed = true;
+      retire(worker);
+      workers_.erase(workers_.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    if (!changed) return;
+    // Replace the workers that left, while there is work for them.
+    while (!terminated_ && !broken_ && (!closed_ || outstanding_ > 0) && workers_.size() < processes_) start_worker();
+  }
+
+  /// A worker exited: takes its last results, gives the tasks it had not taken to the others
+  /// (first in line, in order), and fails the one it had taken.
+  void retire(Worker& worker) {
+    drain();  // what it put before it exited
+    std::vector<QueueItem> untaken;
+    while (std::optional<QueueItem> item = worker.queue->try_get()) untaken.push_back(std::move(*item));
+    for (auto it = untaken.rbegin(); it != untaken.rend(); ++it) {
+      std::erase(worker.given, it->index);
+      auto task = tasks_by_id_.find(it->index);
+      if (task != tasks_by_id_.end() && !task->second.finished) backlog_.push_front(std::move(*it));
+    }
+    const int code = worker.process->exitcode().value_or(0);
+    for (std::int64_t id : worker.given) {
+      auto it = tasks_by_id_.find(id);
+      if (it == tasks_by_id_.end() || it->second.finished) continue;
+      const std::string who = name(&worker, id);
+      finish(id, it->second,
+             code == 0 ? std::make_exception_ptr(Error(who + ": the worker exited (code 0) before the task returned"))
+                       : std::make_exception_ptr(ProcessExitedError(worker.slot, static_cast<int>(worker.pid),
+                                                                    code > 0 ? code : 0, code < 0 ? -code : 0, who)));
+    }
+    try {
+      worker.process->join();
+    } catch (...) {
+      // A worker's failure is reported through the task it held.
+    }
+    if (options_.start_method == StartMethod::forkserver) {
+      // A configuration it never took must not reach a later process with the same pid.
+      TensorQueue::open(handoff_name(worker.pid), 1).try_get();
+    }
+    // A queue whose worker exited by itself is whole and reusable; one killed may have died
+    // between claiming a cell and releasing it (SIGKILL is not held back), so its queue is left.
+    if (code == 0 && !worker.queue->closed()) spare_queues_.push_back(worker.queue_name);
+  }
+
+  void start_worker() {
+    const int slot = next_slot_++;
+    std::string queue_name;
+    if (!spare_queues_.empty()) {
+      queue_name = std::move(spare_queues_.back());
+      spare_queues_.pop_back();
+    } else {
+      queue_name = fmt::format("{}.tasks.{}", id_, slot);
+    }
+    TensorQueue queue = TensorQueue::open(queue_name, kDepth);
+    const std::string results = id_ + ".results";
+    ProcessOptions options{.start_method = options_.start_method, .name = fmt::format("PoolWorker-{}", slot)};
+    std::unique_ptr<Process> process;
+    if (options_.start_method == StartMethod::fork) {
+      WorkerConfig config{queue_name, results, options_.initializer, options_.maxtasksperchild};
+      process = std::make_unique<Process>([config] { worker_main(config); }, options);
+      process->start();
+    } else {
+      process = std::make_unique<Process>(&forkserver_worker, options);
+      process->start();
+      QueueItem handoff;
+      Writer writer(handoff);
+      writer.put(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(options_.initializer)));
+      writer.put(static_cast<std::uint64_t>(options_.maxtasksperchild));
+      writer.put(queue_name);
+      writer.put(results);
+      TensorQueue::open(handoff_name(*process->pid()), 1).put(std::move(handoff));
+    }
+    const pid_t pid = *process->pid();
+    workers_.push_back(Worker{std::move(process), pid, slot, std::move(queue_name), queue, {}, 0});
+  }
+
+  PoolOptions options_;
+  std::string id_;
+  TensorQueue results_;
+  std::size_t processes_ = 0;
+  std::vector<Worker> workers_;
+  std::vector<std::string> spare_queues_;
+  std::deque<QueueItem> backlog_;
+  std::unordered_map<std::int64_t, Task> tasks_by_id_;
+  std::int64_t next_task_ = 0;
+  std::int64_t outstanding_ = 0;
+  int next_slot_ = 0;
+  Clock::time_point next_check_{};
+  bool closed_ = false;
+  bool terminated_ = false;
+  std::exception_ptr broken_;
+};
+
+QueueItem take(Core& core, std::int64_t task, std::optional<std::chrono::steady_clock::time_point> deadline) {
+  return core.take(task, deadline);
+}
+bool done(Core& core, std::int64_t task) { return core.done(task); }
+std::optional<std::int64_t> wait_any(Core& core, const std::vector<std::int64_t>& tasks,
+                                     std::optional<std::chrono::steady_clock::time_point> deadline) {
+  return core.wait_any(tasks, deadline);
+}
+void abandon(Core& core, const std::vector<std::int64_t>& tasks) noexcept { core.abandon(tasks); }
+std::int64_t submit(Core& core, QueueItem task, std::string what) { return core.submit(std::move(task), std::move(what)); }
+
+}  // namespace detail::pool
+
+Pool::Pool(std::size_t processes, PoolOptions options)
+    : core_(std::make_shared<detail::pool::Core>(processes, options)) {}
+
+Pool& Pool::operator=(Pool&& other) noexcept {
+  if (this != &other) {
+    if (core_) core_->terminate();
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+
+Pool::~Pool() {
+  if (core_) core_->terminate();
+}
+
+detail::pool::Core& Pool::core() {
+  if (!core_) throw UsageError("nodal::Pool: moved-from pool");
+  return *core_;
+}
+
+void Pool::close() { core().close(); }
+void Pool::terminate() { core().terminate(); }
+void Pool::join() { core().join(); }
+std::vector<pid_t> Pool::pids() const { return core_ ? core_->pids() : std::vector<pid_t>{}; }
+
+}  // namespace nodal

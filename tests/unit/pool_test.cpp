@@ -1,0 +1,294 @@
+// nodal::Pool with real worker processes, by fork and by forkserver: results in input order,
+// tensors by handle, a task's exception and a worker's death coming back as errors naming the
+// task, maxtasksperchild, the initializer, timeouts, imap, and no worker left behind.
+#include <nodal/errors.hpp>
+#include <nodal/pool.hpp>
+#include <nodal/tensor.hpp>
+#include <nodal/tensor_queue.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace std::chrono_literals;
+using nodal::Pool;
+using nodal::StartMethod;
+using nodal::Tensor;
+
+std::int64_t square(std::int64_t x) { return x * x; }
+std::int64_t worker_pid(std::int64_t) { return ::getpid(); }
+std::int64_t throw_at_3(std::int64_t x) {
+  if (x == 3) throw std::runtime_error("input 3 is cursed");
+  return x;
+}
+std::int64_t kill_at_5(std::int64_t x) {
+  if (x == 5) ::raise(SIGKILL);
+  return x;
+}
+/// x squared after 20 us of work (a spin: the worker is busy, not asleep).
+std::int64_t busy_square(std::int64_t x) {
+  const auto until = std::chrono::steady_clock::now() + 20us;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  return x * x;
+}
+std::int64_t sleep_50ms(std::int64_t x) {
+  std::this_thread::sleep_for(50ms);
+  return x;
+}
+std::int64_t slow_double(std::int64_t x) {
+  std::this_thread::sleep_for(300ms);
+  return 2 * x;
+}
+std::int64_t sleep_inverse(std::int64_t x) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(10 * (8 - x)));
+  return x;
+}
+Tensor echo(Tensor t) { return t; }
+Tensor make_iota(std::int64_t n) {
+  Tensor t = Tensor::empty_shared({n}, nodal::DType::f32);
+  for (std::int64_t i = 0; i < n; ++i) t.data_ptr<float>()[i] = static_cast<float>(i);
+  return t;
+}
+std::string shout(std::string s) { return s + "!"; }
+/// Changes the job's shared structures without pause: arena blocks made and freed, items with a
+/// long text (an arena block each) through a queue. Never returns.
+std::int64_t churn_the_arena(std::int64_t) {
+  nodal::TensorQueue queue = nodal::TensorQueue::open("churn." + std::to_string(::getpid()), 4);
+  for (;;) {
+    Tensor t = Tensor::empty_shared({256}, nodal::DType::f32);
+    queue.put(nodal::QueueItem{t, 0, 0, std::string(200, 'x')});
+    queue.get();
+  }
+}
+
+int g_initialized = 0;
+void initialize() { ++g_initialized; }
+std::int64_t initialized_count(std::int64_t) { return g_initialized; }
+
+bool gone(pid_t pid) { return ::kill(pid, 0) < 0 && errno == ESRCH; }
+
+std::vector<std::int64_t> iota(std::int64_t n) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  return v;
+}
+
+class PoolTest : public ::testing::TestWithParam<StartMethod> {};
+
+TEST_P(PoolTest, MapKeepsInputOrder) {
+  Pool pool(3, {.start_method = GetParam()});
+  const std::vector<std::int64_t> inputs = iota(1000);
+  for (std::size_t chunksize : {1U, 7U}) {
+    const std::vector<std::int64_t> results = pool.map(&square, inputs, chunksize);
+    ASSERT_EQ(results.size(), inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) ASSERT_EQ(results[i], inputs[i] * inputs[i]) << "chunksize " << chunksize;
+  }
+  EXPECT_EQ(pool.map(&shout, std::vector<std::string>{"a", std::string(500, 'b')}),
+            (std::vector<std::string>{"a!", std::string(500, 'b') + "!"}));
+}
+
+TEST_P(PoolTest, TensorsTravelByHandle) {
+  Pool pool(2, {.start_method = GetParam()});
+  Tensor shared = Tensor::empty_shared({64}, nodal::DType::f32);
+  const std::vector<Tensor> back = pool.map(&echo, std::vector<Tensor>{shared, shared});
+  ASSERT_EQ(back.size(), 2U);
+  EXPECT_EQ(back[0].data(), shared.data()) << "the worker returned the same storage, not a copy";
+  EXPECT_EQ(back[1].data(), shared.data());
+  Tensor made = pool.apply_async(&make_iota, std::int64_t{1000}).get(10s);
+  ASSERT_TRUE(made.in_arena()) << "the worker's arena tensor arrived by handle";
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(made.data_ptr<float>()[i], static_cast<float>(i));
+}
+
+TEST_P(PoolTest, TaskExceptionIsRethrownWithTheWorkersStack) {
+  Pool pool(2, {.start_method = GetParam()});
+  try {
+    pool.map(&throw_at_3, iota(10));
+    FAIL() << "map did not throw";
+  } catch (const nodal::ProcessRaisedError& e) {
+    EXPECT_EQ(e.child_report().rfind("std::runtime_error: input 3 is cursed\n", 0), 0U) << e.child_report();
+    EXPECT_NE(e.child_report().find(" 0# "), std::string::npos) << "no stack in: " << e.child_report();
+    EXPECT_NE(std::string(e.what()).find("map inputs [3, 4)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.map(&square, iota(5)), (std::vector<std::int64_t>{0, 1, 4, 9, 16}));
+}
+
+TEST_P(PoolTest, KilledWorkerFailsItsTaskAndIsReplaced) {
+  Pool pool(2, {.start_method = GetParam()});
+  const std::vector<pid_t> before = pool.pids();
+  try {
+    pool.map(&kill_at_5, iota(10));
+    FAIL() << "map did not throw";
+  } catch (const nodal::ProcessExitedError& e) {
+    EXPECT_EQ(e.signal(), SIGKILL);
+    EXPECT_NE(std::string(e.what()).find("task"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("map inputs [5, 6)"), std::string::npos) << e.what();
+    EXPECT_NE(std::find(before.begin(), before.end(), e.pid()), before.end()) << "a pool worker died";
+  }
+  EXPECT_EQ(pool.map(&square, iota(20)), [] {
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 0; i < 20; ++i) v.push_back(i * i);
+    return v;
+  }());
+  EXPECT_EQ(pool.pids().size(), 2U) << "the dead worker was replaced";
+}
+
+TEST_P(PoolTest, MaxTasksPerChildReplacesWorkers) {
+  Pool pool(2, {.start_method = GetParam(), .maxtasksperchild = 2});
+  const std::vector<std::int64_t> pids = pool.map(&worker_pid, iota(10));
+  EXPECT_GE(std::set<std::int64_t>(pids.begin(), pids.end()).size(), 5U);
+}
+
+TEST_P(PoolTest, InitializerRunsOncePerWorker) {
+  Pool pool(2, {.start_method = GetParam(), .initializer = &initialize});
+  for (std::int64_t count : pool.map(&initialized_count, iota(50))) EXPECT_EQ(count, 1);
+  EXPECT_EQ(g_initialized, 0) << "the initializer ran in the workers only";
+}
+
+TEST_P(PoolTest, ApplyAsyncTimesOutThenGivesTheValue) {
+  Pool pool(1, {.start_method = GetParam()});
+  nodal::AsyncResult<std::int64_t> result = pool.apply_async(&slow_double, std::int64_t{21});
+  EXPECT_FALSE(result.ready());
+  EXPECT_THROW(result.get(20ms), nodal::TimeoutError);
+  EXPECT_EQ(result.get(10s), 42);
+  EXPECT_TRUE(result.ready());
+  EXPECT_EQ(result.get(), 42);
+}
+
+TEST_P(PoolTest, ImapInOrderImapUnorderedAsTheyFinish) {
+  Pool pool(4, {.start_method = GetParam()});
+  std::vector<std::int64_t> ordered;
+  for (std::int64_t x : pool.imap(&sleep_inverse, iota(8))) ordered.push_back(x);
+  EXPECT_EQ(ordered, iota(8));
+  std::vector<std::int64_t> unordered;
+  auto stream = pool.imap_unordered(&sleep_inverse, iota(8));
+  while (auto x = stream.next(10s)) unordered.push_back(*x);
+  EXPECT_EQ(std::set<std::int64_t>(unordered.begin(), unordered.end()).size(), 8U);
+  EXPECT_NE(unordered, iota(8)) << "the later inputs finish first";
+}
+
+TEST_P(PoolTest, CloseJoinAndNoWorkerLeftBehind) {
+  std::vector<pid_t> pids;
+  {
+    Pool pool(3, {.start_method = GetParam()});
+    pids = pool.pids();
+    auto pending = pool.apply_async(&square, std::int64_t{9});
+    pool.close();
+    EXPECT_THROW(pool.apply_async(&square, std::int64_t{1}), nodal::UsageError);
+    pool.join();
+    EXPECT_EQ(pending.get(0s), 81) << "queued work finished before the workers left";
+    EXPECT_TRUE(pool.pids().empty());
+  }
+  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << pid;
+  {
+    Pool pool(3, {.start_method = GetParam()});
+    pids = pool.pids();
+    auto never = pool.apply_async(&slow_double, std::int64_t{1});
+    pool.terminate();
+    EXPECT_THROW(never.get(1s), nodal::Error);
+  }
+  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << pid;
+  {
+    Pool pool(2, {.start_method = GetParam()});
+    pids = pool.pids();
+  }  // the destructor terminates
+  for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << pid;
+}
+
+TEST_P(PoolTest, TerminateInTheMiddleOfArenaWorkLeavesTheArenaWhole) {
+  // Each round ends two workers by SIGTERM while they allocate, free and queue without pause.
+  // Without the termination shield one lands inside the allocator within a few rounds, and the
+  // arena's robust mutex is then unusable for the whole job (the next allocation throws).
+  for (int round = 0; round < 10; ++round) {
+    Pool pool(2, {.start_method = GetParam()});
+    auto a = pool.apply_async(&churn_the_arena, std::int64_t{0});
+    auto b = pool.apply_async(&churn_the_arena, std::int64_t{1});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 7 * round));
+    pool.terminate();
+    EXPECT_THROW(a.get(0s), nodal::Error);
+    Tensor after = Tensor::empty_shared({1 << 16}, nodal::DType::f32);  // throws if the allocator broke
+    nodal::TensorQueue queue = nodal::TensorQueue::open("after-terminate", 4);
+    queue.put(nodal::QueueItem{after, round, 0, std::string(300, 'y')});
+    ASSERT_EQ(queue.get(1s)->index, round);
+  }
+  Pool pool(2, {.start_method = GetParam()});
+  EXPECT_EQ(pool.map(&square, iota(4)), (std::vector<std::int64_t>{0, 1, 4, 9}));
+}
+
+TEST_P(PoolTest, AWorkerKilledAtAnyInstantLosesNoTask) {
+  // SIGKILL lands anywhere: between tasks, between taking a task and starting it, inside one.
+  // Every task either returns or (at most the one the worker held) fails; nothing hangs.
+  Pool pool(2, {.start_method = GetParam()});
+  std::size_t total_failures = 0;
+  for (int round = 0; round < 20; ++round) {
+    const pid_t victim = pool.pids().at(static_cast<std::size_t>(round % 2));
+    const std::vector<std::int64_t> inputs = iota(400);
+    auto stream = pool.imap(&busy_square, inputs);
+    std::thread killer([victim, round] {
+      std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+      ::kill(victim, SIGKILL);
+    });
+    std::size_t values = 0;
+    std::size_t failures = 0;
+    for (;;) {
+      try {
+        const std::optional<std::int64_t> value = stream.next(10s);
+        if (!value) break;
+        ++values;
+      } catch (const nodal::ProcessExitedError& e) {
+        EXPECT_EQ(e.pid(), victim);
+        ++failures;
+      }
+    }
+    killer.join();
+    total_failures += failures;
+    EXPECT_EQ(values + failures, inputs.size()) << "round " << round;
+    EXPECT_LE(failures, 1U) << "round " << round << ": only the task the worker held may fail";
+    EXPECT_EQ(pool.pids().size(), 2U);
+  }
+  EXPECT_GT(total_failures, 0U) << "no kill landed inside a task: the test did not test";
+}
+
+TEST_P(PoolTest, TasksQueuedBehindAKilledWorkerRunOnAnother) {
+  // Each worker is given a few tasks ahead; the ones a dead worker never took run elsewhere.
+  Pool pool(2, {.start_method = GetParam()});
+  const pid_t victim = pool.pids().at(0);
+  auto stream = pool.imap(&sleep_50ms, iota(8));
+  std::this_thread::sleep_for(20ms);
+  ::kill(victim, SIGKILL);
+  std::vector<std::int64_t> values;
+  std::size_t failures = 0;
+  for (;;) {
+    try {
+      const std::optional<std::int64_t> value = stream.next(10s);
+      if (!value) break;
+      values.push_back(*value);
+    } catch (const nodal::ProcessExitedError& e) {
+      EXPECT_EQ(e.pid(), victim);
+      ++failures;
+    }
+  }
+  EXPECT_EQ(failures, 1U) << "the task the victim was running";
+  EXPECT_EQ(values.size(), 7U) << "the tasks queued behind it ran on the other worker or its replacement";
+}
+
+TEST(Pool, SpawnIsRefused) { EXPECT_THROW(Pool(1, {.start_method = StartMethod::spawn}), nodal::UsageError); }
+
+INSTANTIATE_TEST_SUITE_P(Methods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
+                         [](const ::testing::TestParamInfo<StartMethod>& param) {
+                           return std::string(param.param == StartMethod::fork ? "fork" : "forkserver");
+                         });
+
+}  // namespace
