@@ -42,6 +42,39 @@ def process_start_join(method, rounds, per_round):
     return us
 
 
+def identity(x):
+    return x
+
+
+def new_mebibyte_empty(_):
+    return torch.empty(1 << 20, dtype=torch.uint8)
+
+
+def new_mebibyte_zeros(_):
+    return torch.zeros(1 << 20, dtype=torch.uint8)
+
+
+def timed(rounds, fn):
+    us = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        us.append((time.perf_counter() - start) * 1e6)
+    return us
+
+
+def pool_figures():
+    with mp.get_context("fork").Pool(2) as pool:
+        tasks = list(range(10000))
+        pool.map(identity, tasks, chunksize=1)  # warm-up
+        report("python_pool_map_per_task_10k_chunksize1",
+               [us / len(tasks) for us in timed(5, lambda: pool.map(identity, tasks, chunksize=1))])
+        thousand = list(range(1000))
+        for name, fn in (("empty", new_mebibyte_empty), ("zeros", new_mebibyte_zeros)):
+            pool.map(fn, thousand)  # warm-up
+            report(f"torch_pool_map_1000_tasks_new_1MiB_tensor_{name}", timed(5, lambda: pool.map(fn, thousand)))
+
+
 def round_trips(conn, message, per_round):
     us = []
     for _ in range(ROUNDS):
@@ -68,6 +101,7 @@ def main():
     # The forked child holds a copy of `parent` too, so it never sees EOF: stop it.
     p.terminate()
     p.join()
+    pool_figures()
     return 0
 
 

@@ -14,6 +14,9 @@
 #include <chrono>
 #include <cstdint>
 #include <set>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -63,6 +66,14 @@ Tensor make_iota(std::int64_t n) {
   return t;
 }
 std::string shout(std::string s) { return s + "!"; }
+/// Writes 2 * input into output, in place: both are slices of the caller's shared tensors.
+std::int64_t double_into(Tensor input, Tensor output) {
+  for (std::int64_t i = 0; i < input.numel(); ++i) output.data_ptr<float>()[i] = 2 * input.data_ptr<float>()[i];
+  return input.numel();
+}
+std::pair<std::int64_t, std::string> divide(std::int64_t a, std::int64_t b) {
+  return {a / b, std::to_string(a) + "/" + std::to_string(b)};
+}
 /// Changes the job's shared structures without pause: arena blocks made and freed, items with a
 /// long text (an arena block each) through a queue. Never returns.
 std::int64_t churn_the_arena(std::int64_t) {
@@ -110,6 +121,21 @@ TEST_P(PoolTest, TensorsTravelByHandle) {
   Tensor made = pool.apply_async(&make_iota, std::int64_t{1000}).get(10s);
   ASSERT_TRUE(made.in_arena()) << "the worker's arena tensor arrived by handle";
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(made.data_ptr<float>()[i], static_cast<float>(i));
+}
+
+TEST_P(PoolTest, StarmapWritesIntoSlicesOfOneSharedTensor) {
+  Pool pool(2, {.start_method = GetParam()});
+  Tensor input = Tensor::empty_shared({100, 3}, nodal::DType::f32);
+  Tensor output = Tensor::empty_shared({100, 3}, nodal::DType::f32);
+  for (int i = 0; i < 300; ++i) input.data_ptr<float>()[i] = static_cast<float>(i);
+  std::vector<std::tuple<Tensor, Tensor>> slices;
+  for (std::int64_t row = 0; row < 100; row += 10) slices.emplace_back(input.slice(row, row + 10), output.slice(row, row + 10));
+  EXPECT_EQ(pool.starmap(&double_into, slices, 3), std::vector<std::int64_t>(10, 30));
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(output.data_ptr<float>()[i], 2.0F * static_cast<float>(i)) << i;
+  const auto quotients = pool.starmap(&divide, std::vector<std::tuple<std::int64_t, std::int64_t>>{{7, 2}, {9, 3}});
+  ASSERT_EQ(quotients.size(), 2U);
+  EXPECT_EQ(quotients[0], (std::pair<std::int64_t, std::string>{3, "7/2"}));
+  EXPECT_EQ(quotients[1], (std::pair<std::int64_t, std::string>{3, "9/3"}));
 }
 
 TEST_P(PoolTest, TaskExceptionIsRethrownWithTheWorkersStack) {

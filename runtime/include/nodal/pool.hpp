@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -39,8 +40,16 @@ struct PoolOptions {
 
 namespace detail::pool {
 
+template <class T>
+struct is_tuple_like : std::false_type {};
+template <class... Ts>
+struct is_tuple_like<std::tuple<Ts...>> : std::true_type {};
+template <class A, class B>
+struct is_tuple_like<std::pair<A, B>> : std::true_type {};
+
 /// Appends values to a task or result item: trivially copyable values as bytes of `text`,
-/// strings as a length and bytes, tensors as entries of `tensors` (by handle).
+/// strings as a length and bytes, tensors as entries of `tensors` (by handle), pairs and tuples
+/// element by element.
 class Writer {
  public:
   explicit Writer(QueueItem& item) : item_(item) {}
@@ -49,13 +58,16 @@ class Writer {
   void put(const T& value) {
     if constexpr (std::is_same_v<T, Tensor>) {
       item_.tensors.push_back(value);
+    } else if constexpr (is_tuple_like<T>::value) {
+      std::apply([this](const auto&... element) { (put(element), ...); }, value);
     } else if constexpr (std::is_same_v<T, std::string>) {
       const std::uint64_t size = value.size();
       bytes(&size, sizeof size);
       bytes(value.data(), value.size());
     } else {
       static_assert(std::is_trivially_copyable_v<T>,
-                    "nodal::Pool: arguments and results are trivially copyable, std::string or nodal::Tensor");
+                    "nodal::Pool: arguments and results are trivially copyable, std::string, nodal::Tensor, or "
+                    "std::pair / std::tuple of those");
       bytes(&value, sizeof value);
     }
   }
@@ -74,6 +86,8 @@ class Reader {
   T get() {
     if constexpr (std::is_same_v<T, Tensor>) {
       return tensor();
+    } else if constexpr (is_tuple_like<T>::value) {
+      return get_elements(static_cast<T*>(nullptr));
     } else if constexpr (std::is_same_v<T, std::string>) {
       std::uint64_t size = 0;
       bytes(&size, sizeof size);
@@ -88,6 +102,16 @@ class Reader {
   }
 
  private:
+  // Braced initialisation reads the elements in order.
+  template <class... Ts>
+  std::tuple<Ts...> get_elements(std::tuple<Ts...>*) {
+    return std::tuple<Ts...>{get<Ts>()...};
+  }
+  template <class A, class B>
+  std::pair<A, B> get_elements(std::pair<A, B>*) {
+    return std::pair<A, B>{get<A>(), get<B>()};
+  }
+
   const QueueItem& item_;
   std::size_t offset_;
   std::size_t next_tensor_ = 0;
@@ -111,11 +135,23 @@ void run_chunk(std::uint64_t fn, Reader& in, std::uint64_t count, Writer& out) {
   for (std::uint64_t k = 0; k < count; ++k) out.put<R>(f(in.get<std::decay_t<A>>()));
 }
 
-template <class R, class A>
-QueueItem make_task(R (*fn)(A), const std::decay_t<A>* args, std::size_t count) {
+/// Python's starmap: fn(*arguments) for each tuple of arguments.
+template <class R, class... Args>
+void run_star_chunk(std::uint64_t fn, Reader& in, std::uint64_t count, Writer& out) {
+  auto* f = reinterpret_cast<R (*)(Args...)>(static_cast<std::uintptr_t>(fn));
+  for (std::uint64_t k = 0; k < count; ++k) out.put<R>(std::apply(f, in.get<std::tuple<std::decay_t<Args>...>>()));
+}
+
+template <class F>
+std::uint64_t address(F* f) {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(f));
+}
+
+/// A task item: the header, then `count` arguments.
+template <class Arg>
+QueueItem make_task(Runner runner, std::uint64_t fn, const Arg* args, std::size_t count) {
   QueueItem item;
-  const TaskHeader header{static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&run_chunk<R, A>)),
-                          static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(fn)), count};
+  const TaskHeader header{address(runner), fn, count};
   Writer writer(item);
   writer.bytes(&header, sizeof header);
   for (std::size_t k = 0; k < count; ++k) writer.put(args[k]);
@@ -234,14 +270,16 @@ class ResultStream {
         if (!any) throw TimeoutError("Pool: timed out waiting for a result");
         task = *any;
       }
-      std::erase(tasks_, task);
       QueueItem item;
       try {
         item = detail::pool::take(*core_, task, deadline);
       } catch (const TimeoutError&) {
-        tasks_.push_front(task);
+        throw;
+      } catch (...) {
+        forget(task);  // a failed task is thrown once; next() goes on with the others
         throw;
       }
+      forget(task);
       const std::uint64_t count = static_cast<std::uint64_t>(item.index);
       detail::pool::Reader reader(item, 0);
       for (std::uint64_t k = 0; k < count; ++k) buffer_.push_back(reader.get<R>());
@@ -250,6 +288,14 @@ class ResultStream {
     R value = std::move(buffer_.front());
     buffer_.pop_front();
     return value;
+  }
+
+  /// All the remaining results (`expected` of them, for the reservation), waiting as next() does.
+  std::vector<R> collect(std::size_t expected) {
+    std::vector<R> results;
+    results.reserve(expected);
+    while (std::optional<R> value = next()) results.push_back(std::move(*value));
+    return results;
   }
 
   /// An input iterator over the remaining results (blocking as next() does).
@@ -279,6 +325,14 @@ class ResultStream {
   iterator end() { return iterator(); }
 
  private:
+  void forget(std::int64_t task) {
+    if (tasks_.front() == task) {
+      tasks_.pop_front();
+    } else {
+      tasks_.erase(std::find(tasks_.begin(), tasks_.end(), task));
+    }
+  }
+
   std::shared_ptr<detail::pool::Core> core_;
   std::deque<std::int64_t> tasks_;
   bool ordered_;
@@ -293,9 +347,13 @@ class ResultStream {
 ///   auto later = pool.apply_async(&square, std::int64_t{7});
 ///   later.get(std::chrono::seconds(5));                               // 49
 ///
-/// Task functions are plain function pointers R (*)(A), A and R trivially copyable, std::string
-/// or nodal::Tensor (a tensor travels by handle: a shared tensor arrives as the same storage, a
-/// private one is moved into the arena once). A task's exception comes back from get/map/next as
+/// Task functions are plain function pointers R (*)(A) (R (*)(A1, A2, ...) for starmap), each
+/// argument and result trivially copyable, std::string, nodal::Tensor, or a std::pair/std::tuple
+/// of those. A tensor travels by handle: a shared tensor (or a slice of one) arrives as the same
+/// storage, so a task can write its output into a slice of one big tensor the caller holds; a
+/// private tensor is moved into the arena once. Each worker is given a few tasks ahead (4); a
+/// worker held up by a long task keeps those waiting (tasks are not taken back while it lives).
+/// A task's exception comes back from get/map/next as
 /// ProcessRaisedError naming the task, with the worker's type, message and stack (taken where the
 /// worker caught it). A worker killed by a signal (or exiting) inside a task fails that task with
 /// ProcessExitedError naming the task; the worker is replaced and the pool stays usable (Python's
@@ -315,28 +373,43 @@ class Pool {
   /// task. Throws the first failed chunk's error (in input order); UsageError after close().
   template <class R, class A>
   std::vector<R> map(R (*fn)(A), const std::vector<std::decay_t<A>>& inputs, std::size_t chunksize = 1) {
-    ResultStream<R> stream = imap(fn, inputs, chunksize);
-    std::vector<R> results;
-    results.reserve(inputs.size());
-    while (std::optional<R> value = stream.next()) results.push_back(std::move(*value));
-    return results;
+    return imap(fn, inputs, chunksize).collect(inputs.size());
+  }
+
+  /// Python's starmap: fn(a, b, ...) for each tuple (a, b, ...) of `inputs`, results in input order.
+  template <class R, class... Args>
+  std::vector<R> starmap(R (*fn)(Args...), const std::vector<std::tuple<std::decay_t<Args>...>>& inputs,
+                         std::size_t chunksize = 1) {
+    ResultStream<R> stream(core_,
+                           submit_chunks(&detail::pool::run_star_chunk<R, Args...>, detail::pool::address(fn), inputs,
+                                         chunksize),
+                           /*ordered=*/true);
+    return stream.collect(inputs.size());
   }
 
   /// Lazy map: the tasks are queued now, the results come one by one as they are ready.
   template <class R, class A>
   ResultStream<R> imap(R (*fn)(A), const std::vector<std::decay_t<A>>& inputs, std::size_t chunksize = 1) {
-    return ResultStream<R>(core_, submit_chunks(fn, inputs, chunksize), /*ordered=*/true);
+    return ResultStream<R>(
+        core_, submit_chunks(&detail::pool::run_chunk<R, A>, detail::pool::address(fn), inputs, chunksize),
+        /*ordered=*/true);
   }
   /// Like imap, results in the order they finish.
   template <class R, class A>
   ResultStream<R> imap_unordered(R (*fn)(A), const std::vector<std::decay_t<A>>& inputs, std::size_t chunksize = 1) {
-    return ResultStream<R>(core_, submit_chunks(fn, inputs, chunksize), /*ordered=*/false);
+    return ResultStream<R>(
+        core_, submit_chunks(&detail::pool::run_chunk<R, A>, detail::pool::address(fn), inputs, chunksize),
+        /*ordered=*/false);
   }
 
   /// fn(arg) in a worker; the result comes through the AsyncResult.
   template <class R, class A>
   AsyncResult<R> apply_async(R (*fn)(A), std::decay_t<A> arg) {
-    return AsyncResult<R>(core_, detail::pool::submit(core(), detail::pool::make_task(fn, &arg, 1), "apply_async"));
+    return AsyncResult<R>(
+        core_, detail::pool::submit(core(),
+                                    detail::pool::make_task(&detail::pool::run_chunk<R, A>, detail::pool::address(fn),
+                                                            &arg, 1),
+                                    "apply_async"));
   }
 
   /// No more tasks (later submissions throw UsageError); the workers exit once the queued tasks
@@ -354,15 +427,15 @@ class Pool {
  private:
   detail::pool::Core& core();
 
-  template <class R, class A>
-  std::vector<std::int64_t> submit_chunks(R (*fn)(A), const std::vector<std::decay_t<A>>& inputs,
-                                          std::size_t chunksize) {
+  template <class Arg>
+  std::vector<std::int64_t> submit_chunks(detail::pool::Runner runner, std::uint64_t fn,
+                                          const std::vector<Arg>& inputs, std::size_t chunksize) {
     if (chunksize == 0) chunksize = 1;
     std::vector<std::int64_t> tasks;
     try {
       for (std::size_t first = 0; first < inputs.size(); first += chunksize) {
         const std::size_t count = std::min(chunksize, inputs.size() - first);
-        tasks.push_back(detail::pool::submit(core(), detail::pool::make_task(fn, inputs.data() + first, count),
+        tasks.push_back(detail::pool::submit(core(), detail::pool::make_task(runner, fn, inputs.data() + first, count),
                                              "map inputs [" + std::to_string(first) + ", " +
                                                  std::to_string(first + count) + ")"));
       }
