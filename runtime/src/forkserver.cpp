@@ -25,6 +25,7 @@
 #include <iostream>
 #include <list>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <span>
 #include <string>
@@ -320,9 +321,12 @@ struct ServerState {
   std::mutex mutex;  ///< held while the server starts, takes a request, or is retired
   pid_t pid = -1;    ///< -1: no server
   int fd = -1;       ///< the program's end of the SOCK_SEQPACKET pair
+  std::uint64_t number = 0;  ///< in start order, from 1; 0: no server
 };
 
 ServerState g_server;
+/// Servers this process started (a child of a fork starts from its parent's count, harmlessly).
+std::atomic<std::uint64_t> g_servers_started{0};
 
 /// pthread_atfork child handler. A forked child (of any start method, or of the server) copies
 /// the state, perhaps with `mutex` held by a thread that does not exist in the child, and the
@@ -345,6 +349,7 @@ int retire_server_locked() {
   }
   g_server.pid = -1;
   g_server.fd = -1;
+  g_server.number = 0;
   return status;
 }
 
@@ -409,10 +414,18 @@ void start_server_locked(std::string_view caller) {
   ::close(fds[1]);
   g_server.pid = pid;
   g_server.fd = fds[0];
+  g_server.number = ++g_servers_started;
   note_step(fmt::format("{}: fork server started (pid {})", caller, pid), started);
 }
 
 }  // namespace
+
+std::uint64_t forkservers_started() noexcept { return g_servers_started.load(); }
+
+std::uint64_t running_forkserver() noexcept {
+  std::lock_guard lock(g_server.mutex);
+  return g_server.number;
+}
 
 void flush_stdio() noexcept {
   std::cout.flush();

@@ -2,6 +2,7 @@
 
 #include <nodal/errors.hpp>
 #include <nodal/process.hpp>
+#include <nodal/detail/child_config.hpp>
 #include <nodal/detail/exception_report.hpp>
 
 #include <signal.h>
@@ -85,21 +86,16 @@ void worker_main(const WorkerConfig& config) {
   }
 }
 
-/// Where a forkserver worker finds its configuration (a plain function pointer carries none):
-/// one item on a queue named for its pid.
-std::string handoff_name(pid_t pid) { return fmt::format("nodal.pool.handoff.{}", pid); }
-
-/// A forkserver worker's target.
+/// A forkserver worker's target: its configuration comes through child_config.hpp.
 void forkserver_worker() {
-  std::optional<QueueItem> item = TensorQueue::open(handoff_name(::getpid()), 1).get(60s);
-  if (!item) throw Error("nodal::Pool: a forkserver worker got no configuration from its pool in 60 s");
+  QueueItem item = receive_child_config("a nodal::Pool forkserver worker");
   WorkerConfig config;
-  Reader reader(*item, 0);
+  Reader reader(item, 0);
   config.initializer = reinterpret_cast<void (*)()>(static_cast<std::uintptr_t>(reader.get<std::uint64_t>()));
   config.maxtasks = reader.get<std::uint64_t>();
   config.tasks = reader.get<std::string>();
   config.results = reader.get<std::string>();
-  item.reset();
+  item = QueueItem{};
   worker_main(config);
 }
 
@@ -433,8 +429,7 @@ class Core {
       // A worker's failure is reported through the task it held.
     }
     if (options_.start_method == StartMethod::forkserver) {
-      // A configuration it never took must not reach a later process with the same pid.
-      TensorQueue::open(handoff_name(worker.pid), 1).try_get();
+      discard_child_config(worker.pid);
     }
     // A queue whose worker exited by itself is whole and reusable; one killed may have died
     // between claiming a cell and releasing it (SIGKILL is not held back), so its queue is left.
@@ -467,7 +462,7 @@ class Core {
       writer.put(static_cast<std::uint64_t>(options_.maxtasksperchild));
       writer.put(queue_name);
       writer.put(results);
-      TensorQueue::open(handoff_name(*process->pid()), 1).put(std::move(handoff));
+      send_child_config(*process->pid(), std::move(handoff));
     }
     const pid_t pid = *process->pid();
     workers_.push_back(Worker{std::move(process), pid, slot, std::move(queue_name), queue, {}, 0});

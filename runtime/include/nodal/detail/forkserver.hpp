@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -31,6 +32,13 @@ struct ForkServerEvent {
   int pidfd = -1;                  ///< forked: a pidfd of the child, now the caller's to close
   std::optional<int> wait_status;  ///< exited: the status the server reaped (waitpid's format)
 };
+
+/// Fork servers this process has started so far, and the number of the one running now (they
+/// are numbered 1, 2, ... in start order; 0: none runs). An object made when
+/// forkservers_started() was k exists in a server numbered above k (a fork made after it), not in
+/// one numbered k or below: how nodal::data::DataLoader knows its dataset is there.
+std::uint64_t forkservers_started() noexcept;
+std::uint64_t running_forkserver() noexcept;
 
 /// Flushes stdio and std::cout/std::cerr. Before a fork, so that the child does not write the
 /// parent's buffered output a second time; before a child's _exit, so that its output is not lost.
