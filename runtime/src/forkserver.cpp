@@ -4,6 +4,7 @@
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/posix.hpp>
+#include <nodal/detail/storage.hpp>
 #include <nodal/detail/verbose.hpp>
 
 #include <fcntl.h>
@@ -392,6 +393,9 @@ void start_server_locked(std::string_view caller) {
   }
   static std::once_flag atfork_registered;
   std::call_once(atfork_registered, [] { ::pthread_atfork(nullptr, nullptr, &forget_inherited_server); });
+  // The job's arena first: the server and its children must map this process's arena, not make
+  // arenas of their own (outside nodalrun it is made on first use, which may come later).
+  job_arena();
 
   int fds[2];
   // SEQPACKET: whole messages, fds attached to them, and end-of-file when the other side exits.

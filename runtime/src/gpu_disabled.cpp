@@ -54,6 +54,7 @@ std::shared_ptr<Storage> import_storage(const WireTensor&, cuda::Stream) {
 void release_wire(const WireTensor&) noexcept {}
 void copy(void*, const void*, std::size_t) { require_available("a copy to or from a GPU"); }
 void zero(void*, std::size_t) { require_available("zeroing GPU memory"); }
+void register_host(void*, std::size_t) { require_available("pinning host memory"); }
 
 }  // namespace detail::gpu
 }  // namespace nodal

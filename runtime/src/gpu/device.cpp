@@ -195,6 +195,16 @@ void copy(void* dst, const void* src, std::size_t bytes) {
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy");
 }
 
+void register_host(void* base, std::size_t bytes) {
+  require_available("pinning host memory");
+  const cudaError_t rc = cudaHostRegister(base, bytes, cudaHostRegisterPortable);
+  if (rc == cudaErrorHostMemoryAlreadyRegistered) {
+    (void)cudaGetLastError();  // clears the sticky-free error state
+    return;
+  }
+  check(rc, "cudaHostRegister");
+}
+
 void zero(void* dst, std::size_t bytes) {
   require_available("zeroing GPU memory");
   if (bytes == 0) return;

@@ -162,4 +162,9 @@ void copy(void* dst, const void* src, std::size_t bytes);
 /// Sets `bytes` of CUDA memory to zero (on the current stream, waited for). Throws CudaError.
 void zero(void* dst, std::size_t bytes);
 
+/// Page-locks host memory for every device (cudaHostRegister, portable), as torch's pin_memory
+/// does for its batches: copies from it to a GPU then run at full speed and asynchronously.
+/// Memory already registered is left as it is. Throws CudaError.
+void register_host(void* base, std::size_t bytes);
+
 }  // namespace nodal::detail::gpu

@@ -1,0 +1,342 @@
+#include "loader_workers.hpp"
+
+#include <nodal/errors.hpp>
+#include <nodal/detail/child_config.hpp>
+#include <nodal/detail/exception_report.hpp>
+#include <nodal/detail/forkserver.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace nodal::data::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+/// What a worker puts on its batch queue (the item's label); the item's index is the ticket.
+enum Kind : std::int64_t { kBatch = 1, kError = 2 };
+/// How long the trainer waits on a worker's queue before it looks whether the worker lives.
+constexpr auto kLivenessSlice = 50ms;
+/// stop(): how long after the queues close a worker may take to leave, and after SIGTERM to die.
+constexpr auto kLeaveGrace = 1s;
+constexpr auto kTerminateGrace = 2s;
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<Dataset*> datasets;
+  /// forkservers_started() when each was registered: the servers numbered above it have it.
+  std::vector<std::uint64_t> servers_before;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+/// A worker's settings as they travel to a forkserver worker (one plain struct of bytes).
+struct Wire {
+  int dataset_id;
+  int id;
+  int workers;
+  int prefetch;
+  std::uint64_t seed;
+  std::uintptr_t collate;
+  std::uintptr_t init;
+  char index_queue[80];
+  char batch_queue[80];
+};
+
+struct WorkerPlan {
+  Dataset* dataset;
+  int id;
+  int workers;
+  int prefetch;
+  std::uint64_t seed;
+  Batch (*collate)(std::vector<Sample>&&);
+  void (*init)(int, std::uint64_t);
+  std::string index_queue;
+  std::string batch_queue;
+};
+
+/// The fields of one batch as the worker allocates them: from its first sample.
+struct Field {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+};
+
+class BatchMaker {
+ public:
+  explicit BatchMaker(const WorkerPlan& plan) : plan_(plan) {}
+
+  /// The batch of `indices`; `current` tells an error which sample was being loaded.
+  Batch make(const std::vector<std::int64_t>& indices, std::int64_t& current) {
+    if (plan_.collate != nullptr) {
+      std::vector<Sample> samples;
+      samples.reserve(indices.size());
+      for (std::int64_t index : indices) {
+        current = index;
+        samples.push_back(plan_.dataset->get(index));
+      }
+      current = -1;
+      return plan_.collate(std::move(samples));
+    }
+    std::optional<Sample> first;
+    if (layout_.empty()) {
+      current = indices.front();
+      first = plan_.dataset->get(indices.front());
+      for (const auto& [name, tensor] : first->fields()) layout_.push_back({name, tensor.dtype(), tensor.shape()});
+    }
+    const auto rows = static_cast<std::int64_t>(indices.size());
+    Batch batch;
+    std::vector<Tensor> whole;
+    for (const Field& field : layout_) {
+      std::vector<std::int64_t> shape{rows};
+      shape.insert(shape.end(), field.shape.begin(), field.shape.end());
+      whole.push_back(Tensor::empty_shared(shape, field.dtype));
+      batch.add(field.name, whole.back());
+    }
+    for (std::int64_t k = 0; k < rows; ++k) {
+      Sample row;
+      for (std::size_t f = 0; f < layout_.size(); ++f) row.add(layout_[f].name, whole[f].slice(k, k + 1).reshape(layout_[f].shape));
+      current = indices[static_cast<std::size_t>(k)];
+      if (k == 0 && first) {
+        copy_into(*first, row, current);
+      } else {
+        plan_.dataset->get_into(current, row);
+      }
+    }
+    current = -1;
+    return batch;
+  }
+
+ private:
+  const WorkerPlan& plan_;
+  std::vector<Field> layout_;
+};
+
+/// A worker: makes the batches its index queue asks for, in order, until the queue is closed.
+void run_worker(const WorkerPlan& plan) {
+  TensorQueue requests = TensorQueue::open(plan.index_queue, static_cast<std::size_t>(plan.prefetch));
+  TensorQueue batches = TensorQueue::open(plan.batch_queue, static_cast<std::size_t>(plan.prefetch));
+  if (plan.init != nullptr) plan.init(plan.id, plan.seed);
+  BatchMaker maker(plan);
+  while (std::optional<QueueItem> request = requests.get()) {
+    std::vector<std::int64_t> indices(request->text.size() / sizeof(std::int64_t));
+    std::memcpy(indices.data(), request->text.data(), indices.size() * sizeof(std::int64_t));
+    QueueItem out;
+    out.index = request->index;
+    std::int64_t current = -1;
+    try {
+      Batch batch = maker.make(indices, current);
+      out.label = kBatch;
+      for (const auto& [name, tensor] : batch.fields()) {
+        out.text += name;
+        out.text.push_back('\0');
+        out.tensors.push_back(tensor);
+      }
+    } catch (...) {
+      out.tensors.clear();
+      out.label = kError;
+      out.text = fmt::format("{}\n{}\n{}", current, nodal::detail::describe_exception(std::current_exception()),
+                             nodal::detail::current_stack_trace());
+    }
+    batches.put(std::move(out));
+  }
+}
+
+/// A forkserver worker's target.
+void forkserver_worker() {
+  const QueueItem config = nodal::detail::receive_child_config("a nodal::data::DataLoader forkserver worker");
+  Wire wire{};
+  if (config.text.size() != sizeof wire) throw Error("DataLoader worker: a malformed configuration");
+  std::memcpy(&wire, config.text.data(), sizeof wire);
+  Dataset* dataset = nullptr;
+  {
+    std::lock_guard lock(registry().mutex);
+    if (wire.dataset_id < 0 || static_cast<std::size_t>(wire.dataset_id) >= registry().datasets.size()) {
+      throw Error("DataLoader worker: the fork server does not have this dataset");
+    }
+    dataset = registry().datasets[static_cast<std::size_t>(wire.dataset_id)];
+  }
+  run_worker(WorkerPlan{dataset, wire.id, wire.workers, wire.prefetch, wire.seed,
+                        reinterpret_cast<Batch (*)(std::vector<Sample>&&)>(wire.collate),
+                        reinterpret_cast<void (*)(int, std::uint64_t)>(wire.init), wire.index_queue, wire.batch_queue});
+}
+
+std::atomic<int> g_sets{0};
+
+}  // namespace
+
+int register_dataset(Dataset* dataset) {
+  std::lock_guard lock(registry().mutex);
+  registry().datasets.push_back(dataset);
+  registry().servers_before.push_back(nodal::detail::forkservers_started());
+  return static_cast<int>(registry().datasets.size()) - 1;
+}
+
+struct WorkerSet::Worker {
+  int id = 0;
+  std::unique_ptr<Process> process;
+  pid_t pid = -1;
+  TensorQueue requests;
+  TensorQueue batches;
+  /// Tickets sent and not yet received, with their batch numbers.
+  std::deque<std::pair<std::int64_t, std::int64_t>> pending;
+};
+
+WorkerSet::WorkerSet(const WorkerSettings& settings)
+    : name_(fmt::format("nodal.data.{}.{}", ::getpid(), ++g_sets)), settings_(settings) {
+  if (settings.start_method == StartMethod::forkserver) {
+    start_forkserver();  // UsageError when threads run and none runs yet: it says what to do
+    std::uint64_t before = 0;
+    {
+      std::lock_guard lock(registry().mutex);
+      before = registry().servers_before.at(static_cast<std::size_t>(settings.dataset_id));
+    }
+    if (nodal::detail::running_forkserver() <= before) {
+      throw UsageError(
+          "nodal::data::DataLoader: the fork server started before this DataLoader was made, so its workers "
+          "cannot see the dataset (the server is a copy of the program as it was then). Make every DataLoader "
+          "before anything starts the fork server (nodal::start_forkserver(), a forkserver Process or spawn), "
+          "or use StartMethod::fork");
+    }
+  }
+  try {
+    for (int id = 0; id < settings.workers; ++id) {
+      const std::string requests = fmt::format("{}.w{}.requests", name_, id);
+      const std::string batches = fmt::format("{}.w{}.batches", name_, id);
+      const auto depth = static_cast<std::size_t>(settings.prefetch);
+      auto worker = std::make_unique<Worker>(Worker{id, nullptr, -1, TensorQueue::open(requests, depth),
+                                                    TensorQueue::open(batches, depth), {}});
+      const std::uint64_t seed = settings.seed + static_cast<std::uint64_t>(id);
+      ProcessOptions options{.start_method = settings.start_method, .name = fmt::format("DataLoader worker {}", id)};
+      if (settings.start_method == StartMethod::fork) {
+        const WorkerPlan plan{settings.dataset, id, settings.workers, settings.prefetch, seed, settings.collate,
+                              settings.init, requests, batches};
+        worker->process = std::make_unique<Process>([plan] { run_worker(plan); }, options);
+        worker->process->start();
+      } else {
+        worker->process = std::make_unique<Process>(&forkserver_worker, options);
+        worker->process->start();
+        Wire wire{settings.dataset_id, id, settings.workers, settings.prefetch, seed,
+                  reinterpret_cast<std::uintptr_t>(settings.collate), reinterpret_cast<std::uintptr_t>(settings.init),
+                  {}, {}};
+        requests.copy(wire.index_queue, sizeof wire.index_queue - 1);
+        batches.copy(wire.batch_queue, sizeof wire.batch_queue - 1);
+        QueueItem config;
+        config.text.assign(reinterpret_cast<const char*>(&wire), sizeof wire);
+        nodal::detail::send_child_config(*worker->process->pid(), std::move(config));
+      }
+      worker->pid = *worker->process->pid();
+      workers_.push_back(std::move(worker));
+    }
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
+WorkerSet::~WorkerSet() { stop(); }
+
+void WorkerSet::send(int worker, std::int64_t ticket, std::int64_t number, std::span<const std::int64_t> indices) {
+  Worker& w = *workers_.at(static_cast<std::size_t>(worker));
+  QueueItem request;
+  request.index = ticket;
+  request.text.assign(reinterpret_cast<const char*>(indices.data()), indices.size_bytes());
+  w.requests.put(std::move(request));
+  w.pending.emplace_back(ticket, number);
+}
+
+Batch WorkerSet::receive(int worker, std::int64_t ticket, std::optional<Clock::time_point> deadline) {
+  Worker& w = *workers_.at(static_cast<std::size_t>(worker));
+  std::int64_t number = -1;
+  for (const auto& [t, n] : w.pending) {
+    if (t == ticket) number = n;
+  }
+  const std::string name = fmt::format("DataLoader worker {}", w.id);
+  for (;;) {
+    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kLivenessSlice);
+    if (deadline) {
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - Clock::now());
+      if (left <= std::chrono::nanoseconds(0)) {
+        throw TimeoutError(fmt::format("nodal::data::DataLoader: {} (pid {}) did not deliver batch {} within the timeout",
+                                       name, w.pid, number));
+      }
+      slice = std::min(slice, left);
+    }
+    std::optional<QueueItem> item;
+    if (w.batches.wait_readable(slice)) item = w.batches.try_get();
+    if (!item) {
+      if (w.process->is_alive()) continue;
+      item = w.batches.try_get();  // what it put just before it died
+      if (!item) {
+        const int code = w.process->exitcode().value_or(0);
+        throw ProcessExitedError(w.id, static_cast<int>(w.pid), code > 0 ? code : 0, code < 0 ? -code : 0,
+                                 fmt::format("{}, making batch {}", name, number));
+      }
+    }
+    while (!w.pending.empty() && w.pending.front().first <= item->index) w.pending.pop_front();
+    if (item->index < ticket) continue;  // a batch of an epoch that was abandoned
+    if (item->label == kError) {
+      const std::size_t newline = item->text.find('\n');
+      const std::string sample = item->text.substr(0, newline);
+      throw ProcessRaisedError(w.id, static_cast<int>(w.pid), item->text.substr(newline + 1),
+                               fmt::format("{}, loading sample {} of batch {}", name, sample, number));
+    }
+    Batch batch;
+    batch.number = number;
+    std::size_t begin = 0;
+    for (Tensor& tensor : item->tensors) {
+      const std::size_t end = item->text.find('\0', begin);
+      batch.add(item->text.substr(begin, end - begin), std::move(tensor));
+      begin = end + 1;
+    }
+    return batch;
+  }
+}
+
+void WorkerSet::stop() noexcept {
+  for (auto& worker : workers_) worker->requests.close();
+  const auto leave_by = Clock::now() + kLeaveGrace;
+  for (auto& worker : workers_) {
+    try {
+      // Drains what the worker still delivers, so that it is not blocked putting it.
+      while (worker->process->is_alive() && Clock::now() < leave_by) {
+        while (worker->batches.try_get()) {
+        }
+        std::this_thread::sleep_for(1ms);
+      }
+      if (worker->process->is_alive()) worker->process->terminate();
+      const auto kill_at = Clock::now() + kTerminateGrace;
+      while (!worker->process->join(std::chrono::milliseconds(1))) {
+        if (Clock::now() >= kill_at) {
+          worker->process->kill();
+          worker->process->join();
+          break;
+        }
+      }
+    } catch (...) {
+      // A failed worker's error was reported through the batch it owed, or nobody waits for it.
+    }
+    while (worker->batches.try_get()) {
+    }
+    if (settings_.start_method == StartMethod::forkserver) nodal::detail::discard_child_config(worker->pid);
+  }
+  workers_.clear();
+}
+
+std::vector<pid_t> WorkerSet::pids() const {
+  std::vector<pid_t> pids;
+  for (const auto& worker : workers_) pids.push_back(worker->pid);
+  return pids;
+}
+
+}  // namespace nodal::data::detail
