@@ -1,21 +1,12 @@
-// torch.utils.data's datasets in C++: a map-style Dataset (a size and the sample at an index) and
-// an IterableDataset (a stream of samples per worker).
+// torch.utils.data's map-style dataset in C++: a size and the sample at an index. (torch's
+// IterableDataset, a stream of samples per worker, is not here yet.)
 #pragma once
 
 #include <nodal/data/sample.hpp>
 
 #include <cstdint>
-#include <optional>
 
 namespace nodal::data {
-
-/// Which worker runs a dataset's code, as torch.utils.data.get_worker_info() tells it: `id` in
-/// 0..workers-1 (0 of 1 without workers), and the worker's seed (base seed + id; torch's rule).
-struct WorkerInfo {
-  int id = 0;
-  int workers = 1;
-  std::uint64_t seed = 0;
-};
 
 /// A map-style dataset: `size()` samples, any of which `get` makes.
 ///
@@ -34,17 +25,6 @@ class Dataset {
   /// get(index), then each field copied in. Throws UsageError when a field is missing or has
   /// another shape or dtype than the row's.
   virtual void get_into(std::int64_t index, const Sample& row);
-};
-
-/// An iterable dataset: each worker streams its own samples (torch's IterableDataset; shard by
-/// `info` so that workers do not repeat each other).
-class IterableDataset {
- public:
-  virtual ~IterableDataset() = default;
-  /// Starts a pass over the data for this worker and epoch.
-  virtual void start(const WorkerInfo& info, std::int64_t epoch) = 0;
-  /// The next sample of the pass; nullopt at its end.
-  virtual std::optional<Sample> next() = 0;
 };
 
 /// Copies `sample`'s fields into `row`'s (same names, shapes and dtypes). Throws UsageError naming
