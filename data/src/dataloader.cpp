@@ -6,6 +6,7 @@
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
 
+#include "batch_maker.hpp"
 #include "loader_workers.hpp"
 
 #include <mutex>
@@ -57,40 +58,17 @@ class Epoch {
 
   void send(std::int64_t b) { workers_->send(static_cast<int>(b % workers_->size()), base_ + b, b, rows_of(b)); }
 
-  /// num_workers 0: the batch made here, the same way a worker makes it.
+  /// num_workers 0: the batch made here, as a worker makes it (in private memory).
   Batch make_here(std::int64_t b) {
-    const std::span<const std::int64_t> rows = rows_of(b);
-    std::vector<Sample> samples;
-    samples.reserve(rows.size());
-    for (std::int64_t index : rows) samples.push_back(dataset_.get(index));
-    Batch batch;
-    if (options_.collate != nullptr) {
-      batch = options_.collate(std::move(samples));
-    } else {
-      const Sample& first = samples.front();
-      std::vector<Tensor> whole;
-      for (const auto& [name, tensor] : first.fields()) {
-        std::vector<std::int64_t> shape{static_cast<std::int64_t>(rows.size())};
-        shape.insert(shape.end(), tensor.shape().begin(), tensor.shape().end());
-        whole.push_back(Tensor::empty(shape, tensor.dtype()));
-        batch.add(name, whole.back());
-      }
-      for (std::size_t k = 0; k < samples.size(); ++k) {
-        Sample row;
-        for (std::size_t f = 0; f < whole.size(); ++f) {
-          row.add(first.fields()[f].first,
-                  whole[f].slice(static_cast<std::int64_t>(k), static_cast<std::int64_t>(k) + 1)
-                      .reshape(first.fields()[f].second.shape()));
-        }
-        copy_into(samples[k], row, rows[k]);
-      }
-    }
+    std::int64_t current = -1;
+    Batch batch = maker_.make(rows_of(b), current);
     batch.number = b;
     return batch;
   }
 
   Dataset& dataset_;
   const DataLoaderOptions& options_;
+  BatchMaker maker_{dataset_, options_.collate, /*shared=*/false};
   std::vector<std::int64_t> indices_;
   WorkerSet* workers_;
   std::int64_t base_;

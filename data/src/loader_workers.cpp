@@ -1,5 +1,7 @@
 #include "loader_workers.hpp"
 
+#include "batch_maker.hpp"
+
 #include <nodal/errors.hpp>
 #include <nodal/detail/child_config.hpp>
 #include <nodal/detail/exception_report.hpp>
@@ -65,69 +67,12 @@ struct WorkerPlan {
   std::string batch_queue;
 };
 
-/// The fields of one batch as the worker allocates them: from its first sample.
-struct Field {
-  std::string name;
-  DType dtype;
-  std::vector<std::int64_t> shape;
-};
-
-class BatchMaker {
- public:
-  explicit BatchMaker(const WorkerPlan& plan) : plan_(plan) {}
-
-  /// The batch of `indices`; `current` tells an error which sample was being loaded.
-  Batch make(const std::vector<std::int64_t>& indices, std::int64_t& current) {
-    if (plan_.collate != nullptr) {
-      std::vector<Sample> samples;
-      samples.reserve(indices.size());
-      for (std::int64_t index : indices) {
-        current = index;
-        samples.push_back(plan_.dataset->get(index));
-      }
-      current = -1;
-      return plan_.collate(std::move(samples));
-    }
-    std::optional<Sample> first;
-    if (layout_.empty()) {
-      current = indices.front();
-      first = plan_.dataset->get(indices.front());
-      for (const auto& [name, tensor] : first->fields()) layout_.push_back({name, tensor.dtype(), tensor.shape()});
-    }
-    const auto rows = static_cast<std::int64_t>(indices.size());
-    Batch batch;
-    std::vector<Tensor> whole;
-    for (const Field& field : layout_) {
-      std::vector<std::int64_t> shape{rows};
-      shape.insert(shape.end(), field.shape.begin(), field.shape.end());
-      whole.push_back(Tensor::empty_shared(shape, field.dtype));
-      batch.add(field.name, whole.back());
-    }
-    for (std::int64_t k = 0; k < rows; ++k) {
-      Sample row;
-      for (std::size_t f = 0; f < layout_.size(); ++f) row.add(layout_[f].name, whole[f].slice(k, k + 1).reshape(layout_[f].shape));
-      current = indices[static_cast<std::size_t>(k)];
-      if (k == 0 && first) {
-        copy_into(*first, row, current);
-      } else {
-        plan_.dataset->get_into(current, row);
-      }
-    }
-    current = -1;
-    return batch;
-  }
-
- private:
-  const WorkerPlan& plan_;
-  std::vector<Field> layout_;
-};
-
 /// A worker: makes the batches its index queue asks for, in order, until the queue is closed.
 void run_worker(const WorkerPlan& plan) {
   TensorQueue requests = TensorQueue::open(plan.index_queue, static_cast<std::size_t>(plan.prefetch));
   TensorQueue batches = TensorQueue::open(plan.batch_queue, static_cast<std::size_t>(plan.prefetch));
   if (plan.init != nullptr) plan.init(plan.id, plan.seed);
-  BatchMaker maker(plan);
+  BatchMaker maker(*plan.dataset, plan.collate, /*shared=*/true);
   while (std::optional<QueueItem> request = requests.get()) {
     std::vector<std::int64_t> indices(request->text.size() / sizeof(std::int64_t));
     std::memcpy(indices.data(), request->text.data(), indices.size() * sizeof(std::int64_t));
