@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -24,18 +23,23 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 /// What a worker puts on its batch queue (the item's label); the item's index is the ticket.
-enum Kind : std::int64_t { kBatch = 1, kError = 2 };
+/// kEnd: an IterableDataset's worker reached the end of its stream for that ticket's epoch.
+enum Kind : std::int64_t { kBatch = 1, kError = 2, kEnd = 3 };
 /// How long the trainer waits on a worker's queue before it looks whether the worker lives.
 constexpr auto kLivenessSlice = 50ms;
 /// stop(): how long after the queues close a worker may take to leave, and after SIGTERM to die.
 constexpr auto kLeaveGrace = 1s;
 constexpr auto kTerminateGrace = 2s;
 
+struct Registered {
+  Dataset* map;
+  IterableDataset* stream;
+  /// forkservers_started() when it was registered: the servers numbered above it have it.
+  std::uint64_t servers_before;
+};
 struct Registry {
   std::mutex mutex;
-  std::vector<Dataset*> datasets;
-  /// forkservers_started() when each was registered: the servers numbered above it have it.
-  std::vector<std::uint64_t> servers_before;
+  std::vector<Registered> entries;
 };
 Registry& registry() {
   static Registry r;
@@ -51,47 +55,100 @@ struct Wire {
   std::uint64_t seed;
   std::uintptr_t collate;
   std::uintptr_t init;
+  std::int64_t batch_size;
+  bool drop_last;
   char index_queue[80];
   char batch_queue[80];
 };
 
 struct WorkerPlan {
   Dataset* dataset;
+  IterableDataset* stream;
   int id;
   int workers;
   int prefetch;
   std::uint64_t seed;
   Batch (*collate)(std::vector<Sample>&&);
   void (*init)(int, std::uint64_t);
+  std::int64_t batch_size;
+  bool drop_last;
   std::string index_queue;
   std::string batch_queue;
 };
+
+/// A batch as it travels: its tensors by handle, the fields' names in the text, NUL-separated.
+QueueItem batch_item(std::int64_t ticket, const Batch& batch) {
+  QueueItem out;
+  out.index = ticket;
+  out.label = kBatch;
+  for (const auto& [name, tensor] : batch.fields()) {
+    out.text += name;
+    out.text.push_back('\0');
+    out.tensors.push_back(tensor);
+  }
+  return out;
+}
+
+/// The report of what was thrown while loading sample `current` (-1: outside the samples).
+QueueItem error_item(std::int64_t ticket, std::int64_t current) {
+  QueueItem out;
+  out.index = ticket;
+  out.label = kError;
+  out.text = fmt::format("{}\n{}\n{}", current, nodal::detail::describe_exception(std::current_exception()),
+                         nodal::detail::current_stack_trace());
+  return out;
+}
+
+/// An IterableDataset's pass for the epoch in `request`: its batches, then kEnd. A batch queue
+/// `prefetch` deep holds the worker back while the trainer is behind.
+void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& request, TensorQueue& batches) {
+  std::int64_t position = 0;  // samples of this pass so far
+  try {
+    std::int64_t epoch = 0;
+    std::memcpy(&epoch, request.text.data(), sizeof epoch);
+    plan.stream->start(plan.id, plan.workers, epoch);
+    for (;;) {
+      std::vector<Sample> samples;
+      while (static_cast<std::int64_t>(samples.size()) < plan.batch_size) {
+        std::optional<Sample> sample = plan.stream->next();
+        if (!sample) break;
+        samples.push_back(std::move(*sample));
+        ++position;
+      }
+      const auto rows = static_cast<std::int64_t>(samples.size());
+      if (rows == 0 || (rows < plan.batch_size && plan.drop_last)) break;
+      batches.put(batch_item(request.index, maker.stack(std::move(samples), position - rows)));
+      if (rows < plan.batch_size) break;
+    }
+  } catch (...) {
+    batches.put(error_item(request.index, position));
+    return;
+  }
+  QueueItem end;
+  end.index = request.index;
+  end.label = kEnd;
+  batches.put(std::move(end));
+}
 
 /// A worker: makes the batches its index queue asks for, in order, until the queue is closed.
 void run_worker(const WorkerPlan& plan) {
   TensorQueue requests = TensorQueue::open(plan.index_queue, static_cast<std::size_t>(plan.prefetch));
   TensorQueue batches = TensorQueue::open(plan.batch_queue, static_cast<std::size_t>(plan.prefetch));
   if (plan.init != nullptr) plan.init(plan.id, plan.seed);
-  BatchMaker maker(*plan.dataset, plan.collate, /*shared=*/true);
+  BatchMaker maker(plan.dataset, plan.collate, /*shared=*/true);
   while (std::optional<QueueItem> request = requests.get()) {
+    if (plan.stream != nullptr) {
+      stream_epoch(plan, maker, *request, batches);
+      continue;
+    }
     std::vector<std::int64_t> indices(request->text.size() / sizeof(std::int64_t));
     std::memcpy(indices.data(), request->text.data(), indices.size() * sizeof(std::int64_t));
-    QueueItem out;
-    out.index = request->index;
     std::int64_t current = -1;
+    QueueItem out;
     try {
-      Batch batch = maker.make(indices, current);
-      out.label = kBatch;
-      for (const auto& [name, tensor] : batch.fields()) {
-        out.text += name;
-        out.text.push_back('\0');
-        out.tensors.push_back(tensor);
-      }
+      out = batch_item(request->index, maker.make(indices, current));
     } catch (...) {
-      out.tensors.clear();
-      out.label = kError;
-      out.text = fmt::format("{}\n{}\n{}", current, nodal::detail::describe_exception(std::current_exception()),
-                             nodal::detail::current_stack_trace());
+      out = error_item(request->index, current);
     }
     batches.put(std::move(out));
   }
@@ -103,28 +160,28 @@ void forkserver_worker() {
   Wire wire{};
   if (config.text.size() != sizeof wire) throw Error("DataLoader worker: a malformed configuration");
   std::memcpy(&wire, config.text.data(), sizeof wire);
-  Dataset* dataset = nullptr;
+  Registered dataset{};
   {
     std::lock_guard lock(registry().mutex);
-    if (wire.dataset_id < 0 || static_cast<std::size_t>(wire.dataset_id) >= registry().datasets.size()) {
+    if (wire.dataset_id < 0 || static_cast<std::size_t>(wire.dataset_id) >= registry().entries.size()) {
       throw Error("DataLoader worker: the fork server does not have this dataset");
     }
-    dataset = registry().datasets[static_cast<std::size_t>(wire.dataset_id)];
+    dataset = registry().entries[static_cast<std::size_t>(wire.dataset_id)];
   }
-  run_worker(WorkerPlan{dataset, wire.id, wire.workers, wire.prefetch, wire.seed,
+  run_worker(WorkerPlan{dataset.map, dataset.stream, wire.id, wire.workers, wire.prefetch, wire.seed,
                         reinterpret_cast<Batch (*)(std::vector<Sample>&&)>(wire.collate),
-                        reinterpret_cast<void (*)(int, std::uint64_t)>(wire.init), wire.index_queue, wire.batch_queue});
+                        reinterpret_cast<void (*)(int, std::uint64_t)>(wire.init), wire.batch_size, wire.drop_last,
+                        wire.index_queue, wire.batch_queue});
 }
 
 std::atomic<int> g_sets{0};
 
 }  // namespace
 
-int register_dataset(Dataset* dataset) {
+int register_dataset(Dataset* map, IterableDataset* stream) {
   std::lock_guard lock(registry().mutex);
-  registry().datasets.push_back(dataset);
-  registry().servers_before.push_back(nodal::detail::forkservers_started());
-  return static_cast<int>(registry().datasets.size()) - 1;
+  registry().entries.push_back({map, stream, nodal::detail::forkservers_started()});
+  return static_cast<int>(registry().entries.size()) - 1;
 }
 
 struct WorkerSet::Worker {
@@ -133,8 +190,6 @@ struct WorkerSet::Worker {
   pid_t pid = -1;
   TensorQueue requests;
   TensorQueue batches;
-  /// Tickets sent and not yet received, with their batch numbers.
-  std::deque<std::pair<std::int64_t, std::int64_t>> pending;
 };
 
 WorkerSet::WorkerSet(const WorkerSettings& settings)
@@ -144,7 +199,7 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
     std::uint64_t before = 0;
     {
       std::lock_guard lock(registry().mutex);
-      before = registry().servers_before.at(static_cast<std::size_t>(settings.dataset_id));
+      before = registry().entries.at(static_cast<std::size_t>(settings.dataset_id)).servers_before;
     }
     if (nodal::detail::running_forkserver() <= before) {
       throw UsageError(
@@ -159,13 +214,14 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
       const std::string requests = fmt::format("{}.w{}.requests", name_, id);
       const std::string batches = fmt::format("{}.w{}.batches", name_, id);
       const auto depth = static_cast<std::size_t>(settings.prefetch);
-      auto worker = std::make_unique<Worker>(Worker{id, nullptr, -1, TensorQueue::open(requests, depth),
-                                                    TensorQueue::open(batches, depth), {}});
+      auto worker = std::make_unique<Worker>(
+          Worker{id, nullptr, -1, TensorQueue::open(requests, depth), TensorQueue::open(batches, depth)});
       const std::uint64_t seed = settings.seed + static_cast<std::uint64_t>(id);
       ProcessOptions options{.start_method = settings.start_method, .name = fmt::format("DataLoader worker {}", id)};
       if (settings.start_method == StartMethod::fork) {
-        const WorkerPlan plan{settings.dataset, id, settings.workers, settings.prefetch, seed, settings.collate,
-                              settings.init, requests, batches};
+        const WorkerPlan plan{settings.dataset, settings.stream, id, settings.workers, settings.prefetch, seed,
+                              settings.collate, settings.init, settings.batch_size, settings.drop_last, requests,
+                              batches};
         worker->process = std::make_unique<Process>([plan] { run_worker(plan); }, options);
         worker->process->start();
       } else {
@@ -173,7 +229,7 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
         worker->process->start();
         Wire wire{settings.dataset_id, id, settings.workers, settings.prefetch, seed,
                   reinterpret_cast<std::uintptr_t>(settings.collate), reinterpret_cast<std::uintptr_t>(settings.init),
-                  {}, {}};
+                  settings.batch_size, settings.drop_last, {}, {}};
         requests.copy(wire.index_queue, sizeof wire.index_queue - 1);
         batches.copy(wire.batch_queue, sizeof wire.batch_queue - 1);
         QueueItem config;
@@ -191,21 +247,23 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
 
 WorkerSet::~WorkerSet() { stop(); }
 
-void WorkerSet::send(int worker, std::int64_t ticket, std::int64_t number, std::span<const std::int64_t> indices) {
-  Worker& w = *workers_.at(static_cast<std::size_t>(worker));
+void WorkerSet::send(int worker, std::int64_t ticket, std::span<const std::int64_t> indices) {
   QueueItem request;
   request.index = ticket;
   request.text.assign(reinterpret_cast<const char*>(indices.data()), indices.size_bytes());
-  w.requests.put(std::move(request));
-  w.pending.emplace_back(ticket, number);
+  workers_.at(static_cast<std::size_t>(worker))->requests.put(std::move(request));
 }
 
-Batch WorkerSet::receive(int worker, std::int64_t ticket, std::optional<Clock::time_point> deadline) {
+void WorkerSet::send_stream(int worker, std::int64_t ticket, std::int64_t epoch) {
+  QueueItem request;
+  request.index = ticket;
+  request.text.assign(reinterpret_cast<const char*>(&epoch), sizeof epoch);
+  workers_.at(static_cast<std::size_t>(worker))->requests.put(std::move(request));
+}
+
+std::optional<Batch> WorkerSet::receive(int worker, std::int64_t ticket, std::int64_t number,
+                                        std::optional<Clock::time_point> deadline) {
   Worker& w = *workers_.at(static_cast<std::size_t>(worker));
-  std::int64_t number = -1;
-  for (const auto& [t, n] : w.pending) {
-    if (t == ticket) number = n;
-  }
   const std::string name = fmt::format("DataLoader worker {}", w.id);
   for (;;) {
     auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kLivenessSlice);
@@ -228,13 +286,16 @@ Batch WorkerSet::receive(int worker, std::int64_t ticket, std::optional<Clock::t
                                  fmt::format("{}, making batch {}", name, number));
       }
     }
-    while (!w.pending.empty() && w.pending.front().first <= item->index) w.pending.pop_front();
     if (item->index < ticket) continue;  // a batch of an epoch that was abandoned
+    if (item->label == kEnd) return std::nullopt;
     if (item->label == kError) {
       const std::size_t newline = item->text.find('\n');
       const std::string sample = item->text.substr(0, newline);
-      throw ProcessRaisedError(w.id, static_cast<int>(w.pid), item->text.substr(newline + 1),
-                               fmt::format("{}, loading sample {} of batch {}", name, sample, number));
+      throw ProcessRaisedError(
+          w.id, static_cast<int>(w.pid), item->text.substr(newline + 1),
+          settings_.stream != nullptr
+              ? fmt::format("{}, loading sample {} of its stream (for batch {})", name, sample, number)
+              : fmt::format("{}, loading sample {} of batch {}", name, sample, number));
     }
     Batch batch;
     batch.number = number;

@@ -17,13 +17,14 @@
 
 namespace nodal::data::detail {
 
-/// Where a forkserver worker finds its dataset: the fork server is a copy of this process, so a
-/// pointer registered before it started is valid there. Returns the dataset's id.
-int register_dataset(Dataset* dataset);
+/// Where a forkserver worker finds its dataset (one of the two set): the fork server is a copy of
+/// this process, so a pointer registered before it started is valid there. Returns its id.
+int register_dataset(Dataset* map, IterableDataset* stream);
 
 /// What every worker of a set shares.
 struct WorkerSettings {
-  Dataset* dataset = nullptr;
+  Dataset* dataset = nullptr;          ///< a map-style dataset, or
+  IterableDataset* stream = nullptr;   ///< an iterable one (each worker streams its own batches)
   int dataset_id = -1;  ///< in the registry (forkserver)
   int workers = 1;
   std::uint64_t seed = 0;
@@ -31,10 +32,13 @@ struct WorkerSettings {
   Batch (*collate)(std::vector<Sample>&&) = nullptr;
   void (*init)(int worker_id, std::uint64_t seed) = nullptr;
   StartMethod start_method = StartMethod::forkserver;
+  std::int64_t batch_size = 1;  ///< an iterable dataset's workers batch their streams
+  bool drop_last = false;
 };
 
-/// The workers of one DataLoader, each with a queue of batches to make (a ticket and the sample
-/// indices) and a queue of batches made, both `prefetch` deep. Tickets grow over the set's life,
+/// The workers of one DataLoader, each with a queue of requests (a ticket and the sample indices
+/// of one batch, or an epoch of an iterable dataset's stream) and a queue of batches made, both
+/// `prefetch` deep. Tickets grow over the set's life,
 /// so a batch left over from an epoch that was abandoned is recognised and dropped.
 class WorkerSet {
  public:
@@ -47,13 +51,17 @@ class WorkerSet {
   WorkerSet& operator=(const WorkerSet&) = delete;
 
   int size() const noexcept { return static_cast<int>(workers_.size()); }
-  /// Asks `worker` for the batch of these sample indices, called `ticket`; `number` is its place in
-  /// the epoch (for errors). Never blocks: a worker is given at most `prefetch` batches ahead.
-  void send(int worker, std::int64_t ticket, std::int64_t number, std::span<const std::int64_t> indices);
-  /// The batch `ticket` from `worker`, waiting until `deadline` (none: no limit). Throws
-  /// ProcessRaisedError when loading it threw (the worker id, the sample index, the worker's
-  /// stack), ProcessExitedError when the worker died, TimeoutError.
-  Batch receive(int worker, std::int64_t ticket, std::optional<std::chrono::steady_clock::time_point> deadline);
+  /// Asks `worker` for the batch of these sample indices (map-style), called `ticket`. Never
+  /// blocks: a worker is given at most `prefetch` batches ahead.
+  void send(int worker, std::int64_t ticket, std::span<const std::int64_t> indices);
+  /// Asks `worker` for its stream's batches of `epoch` (iterable), all called `ticket`.
+  void send_stream(int worker, std::int64_t ticket, std::int64_t epoch);
+  /// The next batch `ticket` from `worker`, waiting until `deadline` (none: no limit); nullopt
+  /// when the worker's stream for that ticket ended. `number` (its place in the epoch) names it
+  /// in errors. Throws ProcessRaisedError when loading it threw (the worker id, the sample index,
+  /// the worker's stack), ProcessExitedError when the worker died, TimeoutError.
+  std::optional<Batch> receive(int worker, std::int64_t ticket, std::int64_t number,
+                               std::optional<std::chrono::steady_clock::time_point> deadline);
   /// Ends every worker: closed queues, then SIGTERM, then SIGKILL after a grace. Idempotent.
   void stop() noexcept;
   std::vector<pid_t> pids() const;

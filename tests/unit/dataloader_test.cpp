@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -151,7 +152,7 @@ TEST(DataLoaderInline, ShuffleIsTheRandomSamplersOrderAndChangesEachEpoch) {
 }
 
 TEST(DataLoaderInline, MisuseIsUsageError) {
-  EXPECT_THROW(DataLoader(nullptr), nodal::UsageError);
+  EXPECT_THROW(DataLoader(std::shared_ptr<Dataset>()), nodal::UsageError);
   EXPECT_THROW(DataLoader(std::make_shared<Numbers>(4), {.batch_size = 0}), nodal::UsageError);
   EXPECT_THROW(DataLoader(std::make_shared<Numbers>(4), {.num_workers = 1, .start_method = StartMethod::spawn}),
                nodal::UsageError);
@@ -297,6 +298,83 @@ TEST_P(DataLoaderWorkers, ATimeoutIsAnError) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(all_ys(loader), nodal::TimeoutError);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "the sleeping worker was not waited for";
+}
+
+/// An iterable dataset of `size` samples: worker w of W streams i = w, w + W, ... ("y" = i + 1000
+/// * epoch); worker `throw_worker` throws at the third sample of its stream.
+class Counting : public IterableDataset {
+ public:
+  explicit Counting(std::int64_t size) : size_(size) {}
+  void start(int worker, int workers, std::int64_t epoch) override {
+    next_ = worker;
+    step_ = workers;
+    epoch_ = epoch;
+    worker_ = worker;
+    taken_ = 0;
+  }
+  std::optional<Sample> next() override {
+    if (next_ >= size_) return std::nullopt;
+    if (worker_ == throw_worker && taken_ == 2) throw std::runtime_error("the stream broke");
+    Sample s;
+    s.add("y", next_ + 1000 * epoch_);
+    next_ += step_;
+    ++taken_;
+    return s;
+  }
+  int throw_worker = -1;
+
+ private:
+  std::int64_t size_;
+  std::int64_t next_ = 0;
+  std::int64_t step_ = 1;
+  std::int64_t epoch_ = 0;
+  int worker_ = 0;
+  std::int64_t taken_ = 0;
+};
+
+TEST(DataLoaderIterable, InProcessBatchesTheStream) {
+  DataLoader loader(std::make_shared<Counting>(10), {.batch_size = 4});
+  std::vector<std::vector<std::int64_t>> batches;
+  for (const Batch& batch : loader) batches.push_back(ys(batch));
+  EXPECT_EQ(batches, (std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}}));
+  EXPECT_EQ(all_ys(loader), (std::vector<std::int64_t>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009}))
+      << "the second epoch";
+  DataLoader dropping(std::make_shared<Counting>(10), {.batch_size = 4, .drop_last = true});
+  EXPECT_EQ(all_ys(dropping).size(), 8U);
+  EXPECT_THROW(DataLoader(std::make_shared<Counting>(10), {.shuffle = true}), nodal::UsageError);
+  EXPECT_THROW(loader.size(), nodal::UsageError);
+}
+
+TEST_P(DataLoaderWorkers, AnIterableDatasetStreamsFromEachWorkerInTurn) {
+  auto failing = std::make_shared<Counting>(20);
+  failing->throw_worker = 1;
+  DataLoader loader(std::make_shared<Counting>(20),
+                    options({.batch_size = 4, .num_workers = 2, .persistent_workers = true}));
+  DataLoader broken(failing, options({.batch_size = 4, .num_workers = 2}));
+  for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::vector<std::int64_t>> batches;
+    for (const Batch& batch : loader) {
+      EXPECT_EQ(batch.number, static_cast<std::int64_t>(batches.size()));
+      batches.push_back(ys(batch));
+    }
+    const std::int64_t e = 1000 * epoch;
+    // Worker 0 streams the even samples, worker 1 the odd ones, 10 each: 4, 4 and a short 2.
+    EXPECT_EQ(batches, (std::vector<std::vector<std::int64_t>>{{e + 0, e + 2, e + 4, e + 6},
+                                                               {e + 1, e + 3, e + 5, e + 7},
+                                                               {e + 8, e + 10, e + 12, e + 14},
+                                                               {e + 9, e + 11, e + 13, e + 15},
+                                                               {e + 16, e + 18},
+                                                               {e + 17, e + 19}}))
+        << "epoch " << epoch;
+  }
+  try {
+    all_ys(broken);
+    FAIL() << "no error";
+  } catch (const nodal::ProcessRaisedError& e) {
+    EXPECT_NE(std::string(e.what()).find("DataLoader worker 1, loading sample 2 of its stream"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.child_report().find("the stream broke"), std::string::npos) << e.child_report();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, DataLoaderWorkers, ::testing::Values(StartMethod::fork, StartMethod::forkserver),

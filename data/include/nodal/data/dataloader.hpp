@@ -70,11 +70,15 @@ class DataLoader {
   /// (and before the program's threads); a DataLoader made after that throws UsageError when its
   /// workers start, saying so.
   DataLoader(std::shared_ptr<Dataset> dataset, DataLoaderOptions options = {});
+  /// Over an iterable dataset: each worker streams its own batches (IterableDataset::start tells
+  /// it which worker it is), taken from the workers in turn. Also throws UsageError for a
+  /// sampler or shuffle (torch's rule).
+  DataLoader(std::shared_ptr<IterableDataset> stream, DataLoaderOptions options = {});
   ~DataLoader();
   DataLoader(DataLoader&&) noexcept;
   DataLoader& operator=(DataLoader&&) noexcept;
 
-  /// Batches per epoch.
+  /// Batches per epoch. Throws UsageError for an iterable dataset (not known ahead).
   std::int64_t size() const;
   /// The epoch the next iteration runs (the sampler's seed + epoch). Each iteration advances it by
   /// one; set it explicitly as with torch's DistributedSampler.set_epoch.
@@ -115,7 +119,8 @@ class DataLoader {
   void start_epoch();
 
   struct Running;  ///< the workers and the epoch in progress
-  std::shared_ptr<Dataset> dataset_;
+  std::shared_ptr<Dataset> dataset_;          ///< one of the two
+  std::shared_ptr<IterableDataset> stream_;
   DataLoaderOptions options_;
   std::shared_ptr<Sampler> sampler_;
   int registry_id_ = -1;

@@ -1,10 +1,11 @@
-// torch.utils.data's map-style dataset in C++: a size and the sample at an index. (torch's
-// IterableDataset, a stream of samples per worker, is not here yet.)
+// torch.utils.data's datasets in C++: a map-style Dataset (a size and the sample at an index) and
+// an IterableDataset (a stream of samples per worker).
 #pragma once
 
 #include <nodal/data/sample.hpp>
 
 #include <cstdint>
+#include <optional>
 
 namespace nodal::data {
 
@@ -25,6 +26,20 @@ class Dataset {
   /// get(index), then each field copied in. Throws UsageError when a field is missing or has
   /// another shape or dtype than the row's.
   virtual void get_into(std::int64_t index, const Sample& row);
+};
+
+/// An iterable dataset (torch's IterableDataset): each worker streams samples of its own, and the
+/// DataLoader batches each worker's stream (a worker's last batch may be short, unless
+/// drop_last). Shard by the worker in start() so that workers do not repeat each other, as
+/// torch's get_worker_info() is used for.
+class IterableDataset {
+ public:
+  virtual ~IterableDataset() = default;
+  /// Starts a pass over the data for worker `worker` of `workers` (0 of 1 without workers) in
+  /// epoch `epoch`.
+  virtual void start(int worker, int workers, std::int64_t epoch) = 0;
+  /// The next sample of the pass; nullopt at its end.
+  virtual std::optional<Sample> next() = 0;
 };
 
 /// Copies `sample`'s fields into `row`'s (same names, shapes and dtypes). Throws UsageError naming
