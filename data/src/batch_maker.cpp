@@ -34,7 +34,7 @@ Batch BatchMaker::make(std::span<const std::int64_t> indices, std::int64_t& curr
       current = index;
       samples.push_back(dataset_->get(index));
     }
-    current = -1;
+    current = -1;  // collating
     return collate_(std::move(samples));
   }
   std::optional<Sample> first;
@@ -43,6 +43,7 @@ Batch BatchMaker::make(std::span<const std::int64_t> indices, std::int64_t& curr
     first = dataset_->get(indices.front());
     learn_layout(*first);
   }
+  current = -1;  // allocating: not a sample's fault
   std::vector<Sample> rows;
   Batch batch = allocate(static_cast<std::int64_t>(indices.size()), rows);
   for (std::size_t k = 0; k < rows.size(); ++k) {

@@ -42,7 +42,7 @@ class IndexEpoch : public Epoch {
   IndexEpoch(Dataset& dataset, const DataLoaderOptions& options, std::vector<std::int64_t> indices,
              WorkerSet* workers, std::int64_t first_ticket)
       : options_(options),
-        maker_(&dataset, options.collate, /*shared=*/false),
+        maker_(&dataset, options.collate, /*shared=*/options.pin_memory),
         indices_(std::move(indices)),
         workers_(workers),
         base_(first_ticket) {
@@ -61,7 +61,8 @@ class IndexEpoch : public Epoch {
     const std::int64_t b = next_++;
     if (workers_ == nullptr) {
       std::int64_t current = -1;
-      Batch batch = maker_.make(rows_of(b), current);  // as a worker makes it, in private memory
+      // As a worker makes it, in private memory (in the arena, which is pinned, with pin_memory).
+      Batch batch = maker_.make(rows_of(b), current);
       batch.number = b;
       return batch;
     }
@@ -80,7 +81,7 @@ class IndexEpoch : public Epoch {
   }
   void send(std::int64_t b) { workers_->send(worker_of(b), base_ + b, rows_of(b)); }
 
-  const DataLoaderOptions& options_;
+  const DataLoaderOptions options_;  ///< a copy: the DataLoader may move while an epoch runs
   BatchMaker maker_;
   std::vector<std::int64_t> indices_;
   WorkerSet* workers_;
@@ -96,7 +97,8 @@ class StreamEpoch : public Epoch {
  public:
   StreamEpoch(IterableDataset& stream, const DataLoaderOptions& options, std::int64_t epoch, WorkerSet* workers,
               std::int64_t ticket)
-      : stream_(stream), options_(options), maker_(nullptr, options.collate, /*shared=*/false), workers_(workers),
+      : stream_(stream), options_(options), maker_(nullptr, options.collate, /*shared=*/options.pin_memory),
+        workers_(workers),
         ticket_(ticket) {
     if (workers_ == nullptr) {
       stream_.start(0, 1, epoch);
@@ -147,7 +149,7 @@ class StreamEpoch : public Epoch {
   }
 
   IterableDataset& stream_;
-  const DataLoaderOptions& options_;
+  const DataLoaderOptions options_;  ///< a copy: the DataLoader may move while an epoch runs
   BatchMaker maker_;
   WorkerSet* workers_;
   std::int64_t ticket_;
@@ -163,8 +165,8 @@ class StreamEpoch : public Epoch {
 namespace {
 
 /// pin_memory: the whole arena, where every batch is, page-locked once per process (not at
-/// construction: that would initialise CUDA before the workers' fork server starts). Throws
-/// CudaError where no GPU can be used.
+/// construction, nor before the workers start: that would initialise CUDA before the workers'
+/// fork server or fork). Throws CudaError where no GPU can be used.
 void pin_arena() {
   static std::mutex mutex;
   static Arena* pinned = nullptr;
@@ -247,7 +249,6 @@ void DataLoader::set_epoch(std::int64_t epoch) { epoch_ = epoch; }
 
 void DataLoader::start_epoch() {
   Running& s = *state_;
-  if (options_.pin_memory) pin_arena();
   if (s.epoch) {
     // An epoch left before its end: its workers may still be making its batches; new ones are
     // quicker to get than those are to wait out.
@@ -256,10 +257,16 @@ void DataLoader::start_epoch() {
     s.workers.reset();
   }
   if (options_.num_workers > 0 && !s.workers) {
+    // Each start of workers gets seeds of its own (torch draws a new base seed per iterator): the
+    // base seed + epoch * workers, so worker w of epoch e has seed + e * W + w.
+    const std::uint64_t base =
+        options_.seed + static_cast<std::uint64_t>(epoch_) * static_cast<std::uint64_t>(options_.num_workers);
     s.workers = std::make_unique<detail::WorkerSet>(detail::WorkerSettings{
-        dataset_.get(), stream_.get(), registry_id_, options_.num_workers, options_.seed, options_.prefetch_factor,
+        dataset_.get(), stream_.get(), registry_id_, options_.num_workers, base, options_.prefetch_factor,
         options_.collate, options_.worker_init_fn, options_.start_method, options_.batch_size, options_.drop_last});
   }
+  // After the workers started: pinning initialises CUDA, and no fork may follow that.
+  if (options_.pin_memory) pin_arena();
   if (stream_) {
     s.epoch = std::make_unique<detail::StreamEpoch>(*stream_, options_, epoch_, s.workers.get(), s.next_ticket);
   } else {

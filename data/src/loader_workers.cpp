@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -24,7 +25,8 @@ using namespace std::chrono_literals;
 
 /// What a worker puts on its batch queue (the item's label); the item's index is the ticket.
 /// kEnd: an IterableDataset's worker reached the end of its stream for that ticket's epoch.
-enum Kind : std::int64_t { kBatch = 1, kError = 2, kEnd = 3 };
+/// kInitError: worker_init_fn threw (the index is the largest ticket: no batch is older).
+enum Kind : std::int64_t { kBatch = 1, kError = 2, kEnd = 3, kInitError = 4 };
 /// How long the trainer waits on a worker's queue before it looks whether the worker lives.
 constexpr auto kLivenessSlice = 50ms;
 /// stop(): how long after the queues close a worker may take to leave, and after SIGTERM to die.
@@ -103,6 +105,7 @@ QueueItem error_item(std::int64_t ticket, std::int64_t current) {
 /// `prefetch` deep holds the worker back while the trainer is behind.
 void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& request, TensorQueue& batches) {
   std::int64_t position = 0;  // samples of this pass so far
+  std::int64_t current = -1;  // the one being loaded (-1: none, e.g. while stacking)
   try {
     std::int64_t epoch = 0;
     std::memcpy(&epoch, request.text.data(), sizeof epoch);
@@ -110,7 +113,9 @@ void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& re
     for (;;) {
       std::vector<Sample> samples;
       while (static_cast<std::int64_t>(samples.size()) < plan.batch_size) {
+        current = position;
         std::optional<Sample> sample = plan.stream->next();
+        current = -1;
         if (!sample) break;
         samples.push_back(std::move(*sample));
         ++position;
@@ -121,7 +126,7 @@ void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& re
       if (rows < plan.batch_size) break;
     }
   } catch (...) {
-    batches.put(error_item(request.index, position));
+    batches.put(error_item(request.index, current));
     return;
   }
   QueueItem end;
@@ -134,7 +139,16 @@ void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& re
 void run_worker(const WorkerPlan& plan) {
   TensorQueue requests = TensorQueue::open(plan.index_queue, static_cast<std::size_t>(plan.prefetch));
   TensorQueue batches = TensorQueue::open(plan.batch_queue, static_cast<std::size_t>(plan.prefetch));
-  if (plan.init != nullptr) plan.init(plan.id, plan.seed);
+  if (plan.init != nullptr) {
+    try {
+      plan.init(plan.id, plan.seed);
+    } catch (...) {
+      QueueItem report = error_item(std::numeric_limits<std::int64_t>::max(), -1);
+      report.label = kInitError;
+      batches.put(std::move(report));
+      return;
+    }
+  }
   BatchMaker maker(plan.dataset, plan.collate, /*shared=*/true);
   while (std::optional<QueueItem> request = requests.get()) {
     if (plan.stream != nullptr) {
@@ -288,14 +302,20 @@ std::optional<Batch> WorkerSet::receive(int worker, std::int64_t ticket, std::in
     }
     if (item->index < ticket) continue;  // a batch of an epoch that was abandoned
     if (item->label == kEnd) return std::nullopt;
-    if (item->label == kError) {
+    if (item->label == kError || item->label == kInitError) {
       const std::size_t newline = item->text.find('\n');
       const std::string sample = item->text.substr(0, newline);
-      throw ProcessRaisedError(
-          w.id, static_cast<int>(w.pid), item->text.substr(newline + 1),
-          settings_.stream != nullptr
-              ? fmt::format("{}, loading sample {} of its stream (for batch {})", name, sample, number)
-              : fmt::format("{}, loading sample {} of batch {}", name, sample, number));
+      std::string where;
+      if (item->label == kInitError) {
+        where = fmt::format("{}'s worker_init_fn", name);
+      } else if (sample == "-1") {
+        where = fmt::format("{}, making batch {} (not in a sample: allocating, stacking or collating)", name, number);
+      } else if (settings_.stream != nullptr) {
+        where = fmt::format("{}, loading sample {} of its stream (for batch {})", name, sample, number);
+      } else {
+        where = fmt::format("{}, loading sample {} of batch {}", name, sample, number);
+      }
+      throw ProcessRaisedError(w.id, static_cast<int>(w.pid), item->text.substr(newline + 1), where);
     }
     Batch batch;
     batch.number = number;

@@ -182,6 +182,7 @@ class Core {
   }
 
   QueueItem take(std::int64_t id, std::optional<Clock::time_point> deadline) {
+    bool looked = false;
     for (;;) {
       auto it = tasks_by_id_.find(id);
       if (it == tasks_by_id_.end()) throw UsageError(fmt::format("nodal::Pool: task {} was taken already", id));
@@ -192,10 +193,12 @@ class Core {
         task.result.index = static_cast<std::int64_t>(task.count);
         return std::move(task.result);
       }
-      if (deadline && Clock::now() >= *deadline) {
+      // Whatever the deadline, one look at what came (a zero timeout polls).
+      if (looked && deadline && Clock::now() >= *deadline) {
         throw TimeoutError(fmt::format("nodal::Pool: timed out waiting for task {} ({})", id, it->second.what));
       }
       collect(deadline);
+      looked = true;
     }
   }
 
@@ -206,13 +209,15 @@ class Core {
   }
 
   std::optional<std::int64_t> wait_any(const std::vector<std::int64_t>& ids, std::optional<Clock::time_point> deadline) {
+    bool looked = false;
     for (;;) {
       for (std::int64_t id : ids) {
         auto it = tasks_by_id_.find(id);
         if (it == tasks_by_id_.end() || it->second.finished) return id;
       }
-      if (deadline && Clock::now() >= *deadline) return std::nullopt;
+      if (looked && deadline && Clock::now() >= *deadline) return std::nullopt;
       collect(deadline);
+      looked = true;
     }
   }
 
@@ -261,11 +266,20 @@ class Core {
       while (worker.queue->try_get()) {  // the references its untaken tasks held
       }
     }
+    for (Worker& worker : workers_) {
+      if (options_.start_method == StartMethod::forkserver) discard_child_config(worker.pid);
+    }
     workers_.clear();
     results_.close();
+    while (results_.try_get()) {  // the arena tensors of results nobody collected
+    }
     backlog_.clear();
-    for (auto& [id, task] : tasks_by_id_) {
-      if (task.finished) continue;
+    std::vector<std::int64_t> unfinished;  // finish() may erase from the map: not while iterating it
+    for (const auto& [id, task] : tasks_by_id_) {
+      if (!task.finished) unfinished.push_back(id);
+    }
+    for (std::int64_t id : unfinished) {
+      Task& task = tasks_by_id_.at(id);
       finish(id, task, std::make_exception_ptr(Error(fmt::format(
                            "nodal::Pool: the pool was terminated before task {} ({}) finished", id, task.what))));
     }
@@ -310,7 +324,7 @@ class Core {
     while (!backlog_.empty()) {
       Worker* best = nullptr;
       for (Worker& worker : workers_) {
-        if (worker.given.size() >= kDepth) continue;
+        if (worker.queue->closed() || worker.given.size() >= kDepth) continue;
         if (options_.maxtasksperchild != 0 && worker.given_total >= options_.maxtasksperchild) continue;
         if (best == nullptr || worker.given.size() < best->given.size()) best = &worker;
       }
@@ -398,8 +412,24 @@ class Core {
       workers_.erase(workers_.begin() + static_cast<std::ptrdiff_t>(k));
     }
     if (!changed) return;
-    // Replace the workers that left, while there is work for them.
-    while (!terminated_ && !broken_ && (!closed_ || outstanding_ > 0) && workers_.size() < processes_) start_worker();
+    // Replace the workers that left while the pool is open, or after close() while tasks wait
+    // for a worker (those a dead worker never took).
+    while (!terminated_ && !broken_ && (!closed_ || !backlog_.empty()) && workers_.size() < processes_) {
+      try {
+        start_worker();
+      } catch (...) {
+        // No replacement (fork refused once the program runs threads, no memory, ...): the pool
+        // cannot go on, and every pending task says why rather than waiting forever.
+        try {
+          throw Error(fmt::format("nodal::Pool: a worker died and could not be replaced: {}",
+                                  describe_exception(std::current_exception())));
+        } catch (...) {
+          broken_ = std::current_exception();
+        }
+        fail_all(broken_);
+        return;
+      }
+    }
   }
 
   /// A worker exited: takes its last results, gives the tasks it had not taken to the others

@@ -13,6 +13,8 @@ namespace {
 std::atomic<int> g_depth{0};
 /// Set by the handler: SIGTERM arrived while a section was open.
 std::atomic<int> g_pending{0};
+/// Sections this thread is in (never read by the handler).
+thread_local int t_depth = 0;
 static_assert(std::atomic<int>::is_always_lock_free, "used in a signal handler");
 
 /// Ends the process by SIGTERM's default action (async-signal-safe).
@@ -43,15 +45,22 @@ void on_sigterm(int) {
 
 TerminationShield::TerminationShield() noexcept {
   g_depth.fetch_add(1);
-  if (g_pending.load() != 0) {
-    // SIGTERM came: the process is ending. Back out; if no other thread is inside a section, end
-    // it here, else wait for the last one to leave and end it.
+  ++t_depth;
+  // SIGTERM came: the process is ending. A thread entering its outermost section backs out; if
+  // no other thread is inside one, it ends the process here, else it waits for the last one to
+  // leave. A thread already inside a section goes on: its outer section must finish (and its end
+  // ends the process), or it would wait for itself.
+  if (t_depth == 1 && g_pending.load() != 0) {
+    --t_depth;
     leave();
     for (;;) ::pause();
   }
 }
 
-TerminationShield::~TerminationShield() { leave(); }
+TerminationShield::~TerminationShield() {
+  --t_depth;
+  leave();
+}
 
 void defer_termination_in_shielded_sections() noexcept {
   struct sigaction action {};

@@ -239,11 +239,43 @@ class Seeds : public Numbers {
 TEST_P(DataLoaderWorkers, WorkerInitFnGetsEachWorkersSeed) {
   DataLoader loader(std::make_shared<Seeds>(16), options({.batch_size = 2, .seed = 100, .num_workers = 2,
                                                           .worker_init_fn = &remember_seed}));
-  std::set<std::int64_t> seeds;
-  for (const Batch& batch : loader) {
-    for (std::int64_t y : ys(batch)) seeds.insert(y);
+  for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::set<std::int64_t> seeds;
+    for (const Batch& batch : loader) {
+      for (std::int64_t y : ys(batch)) seeds.insert(y);
+    }
+    // Base seed + epoch * workers + worker id: the epoch's new workers get new seeds.
+    EXPECT_EQ(seeds, (std::set<std::int64_t>{100 + 2 * epoch, 101 + 2 * epoch})) << "epoch " << epoch;
   }
-  EXPECT_EQ(seeds, (std::set<std::int64_t>{100, 101})) << "base seed + worker id, as torch";
+}
+
+void refuse_to_start(int worker, std::uint64_t) {
+  if (worker == 0) throw std::runtime_error("no GPU for worker 0");
+}
+
+TEST_P(DataLoaderWorkers, AWorkerInitFnsExceptionIsNamed) {
+  DataLoader loader(std::make_shared<Numbers>(16),
+                    options({.batch_size = 2, .num_workers = 2, .worker_init_fn = &refuse_to_start}));
+  try {
+    all_ys(loader);
+    FAIL() << "no error";
+  } catch (const nodal::ProcessRaisedError& e) {
+    EXPECT_NE(std::string(e.what()).find("DataLoader worker 0's worker_init_fn"), std::string::npos) << e.what();
+    EXPECT_NE(e.child_report().find("no GPU for worker 0"), std::string::npos) << e.child_report();
+  }
+}
+
+TEST_P(DataLoaderWorkers, ALoaderMovedInTheMiddleOfAnEpochGoesOn) {
+  auto moved_from = std::make_unique<DataLoader>(std::make_shared<Numbers>(12),
+                                                 options({.batch_size = 4, .num_workers = 2}));
+  std::vector<std::int64_t> got = ys(*moved_from->next());
+  DataLoader loader = std::move(*moved_from);
+  moved_from.reset();
+  while (std::optional<Batch> batch = loader.next()) {
+    const auto y = ys(*batch);
+    got.insert(got.end(), y.begin(), y.end());
+  }
+  EXPECT_EQ(got, SequentialSampler(12).indices(0));
 }
 
 Batch sum_collate(std::vector<Sample>&& samples) {

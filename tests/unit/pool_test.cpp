@@ -297,7 +297,7 @@ TEST_P(PoolTest, TasksQueuedBehindAKilledWorkerRunOnAnother) {
   Pool pool(2, {.start_method = GetParam()});
   const pid_t victim = pool.pids().at(0);
   auto stream = pool.imap(&sleep_50ms, iota(8));
-  std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(75ms);  // inside its 2nd task of 50 ms, even on a slow (ASan) start
   ::kill(victim, SIGKILL);
   std::vector<std::int64_t> values;
   std::size_t failures = 0;
@@ -313,6 +313,77 @@ TEST_P(PoolTest, TasksQueuedBehindAKilledWorkerRunOnAnother) {
   }
   EXPECT_EQ(failures, 1U) << "the task the victim was running";
   EXPECT_EQ(values.size(), 7U) << "the tasks queued behind it ran on the other worker or its replacement";
+}
+
+TEST_P(PoolTest, ResultsDroppedBeforeTerminateAreFine) {
+  Pool pool(2, {.start_method = GetParam()});
+  (void)pool.apply_async(&slow_double, std::int64_t{1});  // dropped at once, still running
+  EXPECT_THROW(pool.map(&throw_at_3, iota(10)), nodal::ProcessRaisedError);  // the rest dropped too
+  nodal::AsyncResult<std::int64_t> kept = pool.apply_async(&slow_double, std::int64_t{2});
+  kept = pool.apply_async(&square, std::int64_t{3});  // the first one dropped by the assignment
+  EXPECT_EQ(kept.get(10s), 9);
+  pool.terminate();  // with dropped tasks unfinished
+}
+
+TEST_P(PoolTest, AZeroTimeoutPolls) {
+  Pool pool(1, {.start_method = GetParam()});
+  nodal::AsyncResult<std::int64_t> result = pool.apply_async(&square, std::int64_t{3});
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (!result.wait(0ns) && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(result.successful());
+  EXPECT_EQ(result.get(0ns), 9);
+  auto stream = pool.imap(&square, iota(3));
+  std::vector<std::int64_t> got;
+  while (got.size() < 3 && std::chrono::steady_clock::now() < give_up) {
+    try {
+      if (std::optional<std::int64_t> x = stream.next(0ns)) got.push_back(*x);
+    } catch (const nodal::TimeoutError&) {
+    }
+  }
+  EXPECT_EQ(got, (std::vector<std::int64_t>{0, 1, 4}));
+}
+
+TEST_P(PoolTest, AWorkerDyingAfterCloseLeavesTheOtherTasksToFinish) {
+  Pool pool(2, {.start_method = GetParam()});
+  const pid_t victim = pool.pids().at(0);
+  std::vector<nodal::AsyncResult<std::int64_t>> results;
+  for (std::int64_t k = 0; k < 8; ++k) results.push_back(pool.apply_async(&sleep_50ms, k));
+  pool.close();
+  std::this_thread::sleep_for(75ms);  // inside its 2nd task of 50 ms, even on a slow (ASan) start
+  ::kill(victim, SIGKILL);
+  pool.join();
+  std::size_t values = 0;
+  std::size_t failures = 0;
+  for (auto& result : results) {
+    try {
+      result.get(0s);
+      ++values;
+    } catch (const nodal::ProcessExitedError&) {
+      ++failures;
+    }
+  }
+  EXPECT_EQ(failures, 1U) << "the task the victim ran";
+  EXPECT_EQ(values, 7U) << "the tasks queued behind it ran on a replacement";
+  EXPECT_TRUE(pool.pids().empty());
+}
+
+TEST(Pool, AWorkerThatCannotBeReplacedBreaksThePoolClearly) {
+  // By fork, a replacement is refused while the program runs threads: every pending task says so.
+  Pool pool(1, {.start_method = StartMethod::fork});
+  nodal::AsyncResult<std::int64_t> held = pool.apply_async(&slow_double, std::int64_t{1});
+  nodal::AsyncResult<std::int64_t> queued = pool.apply_async(&square, std::int64_t{2});
+  std::this_thread::sleep_for(50ms);  // the worker has taken `held` (300 ms long)
+  std::thread busy([] { std::this_thread::sleep_for(1s); });
+  ::kill(pool.pids().at(0), SIGKILL);
+  EXPECT_THROW(held.get(10s), nodal::ProcessExitedError);
+  try {
+    queued.get(10s);
+    ADD_FAILURE() << "no error";
+  } catch (const nodal::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a worker died and could not be replaced"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pool.apply_async(&square, std::int64_t{3}), nodal::Error) << "the pool is broken";
+  busy.join();
 }
 
 TEST(Pool, SpawnIsRefused) { EXPECT_THROW(Pool(1, {.start_method = StartMethod::spawn}), nodal::UsageError); }

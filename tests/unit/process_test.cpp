@@ -71,6 +71,22 @@ void shielded_section() {
   sleep_forever();  // the SIGTERM held back ends the process as the section ends: never reached
 }
 
+/// As shielded_section, but the SIGTERM comes during the outer section and an inner one is
+/// entered after it (as find_or_create's section calls allocate's): both must run to their end.
+void nested_shielded_sections() {
+  {
+    const nodal::detail::TerminationShield outer;
+    record(0, "entered");
+    std::this_thread::sleep_for(300ms);
+    {
+      const nodal::detail::TerminationShield inner;
+      record(0, "inner");
+    }
+    record(0, "left");
+  }
+  sleep_forever();
+}
+
 // ---- Running the tests -------------------------------------------------------------------
 
 /// A Process of `target` by the test's start method; marks that this process started children.
@@ -163,6 +179,18 @@ TEST_P(ProcessTest, TerminateWaitsForTheChildToLeaveAShieldedSection) {
   EXPECT_TRUE(process.join(10s));
   EXPECT_EQ(process.exitcode(), -SIGTERM) << "SIGTERM still ends the child, by its default action";
   EXPECT_TRUE(all_recorded(1, "left")) << "SIGTERM cut the shielded section short";
+}
+
+TEST_P(ProcessTest, ASectionEnteredInsideAnotherAfterSigtermRunsToo) {
+  if (ran_in_fresh_process(GetParam())) return;
+  Process process = make(&nested_shielded_sections, GetParam());
+  process.start();
+  ASSERT_TRUE(wait_until([] { return all_recorded(1, "entered"); }));
+  process.terminate();
+  EXPECT_TRUE(process.join(10s)) << "the child hung in its inner section";
+  EXPECT_EQ(process.exitcode(), -SIGTERM);
+  EXPECT_TRUE(all_recorded(1, "inner"));
+  EXPECT_TRUE(all_recorded(1, "left"));
 }
 
 TEST_P(ProcessTest, KillEndsTheChildWithoutAnError) {

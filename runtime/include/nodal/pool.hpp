@@ -191,10 +191,17 @@ class AsyncResult {
  public:
   AsyncResult(std::shared_ptr<detail::pool::Core> core, std::int64_t task) : core_(std::move(core)), task_(task) {}
   AsyncResult(AsyncResult&&) noexcept = default;
-  AsyncResult& operator=(AsyncResult&&) noexcept = default;
-  ~AsyncResult() {
-    if (core_ && !value_ && !error_) detail::pool::abandon(*core_, {task_});
+  AsyncResult& operator=(AsyncResult&& other) noexcept {
+    if (this != &other) {
+      release();
+      core_ = std::move(other.core_);
+      task_ = other.task_;
+      value_ = std::move(other.value_);
+      error_ = std::move(other.error_);
+    }
+    return *this;
   }
+  ~AsyncResult() { release(); }
 
   /// The result, waiting at most `timeout` (none: as long as it takes). Throws TimeoutError when
   /// the timeout passed (get may be called again), ProcessRaisedError when the task threw (the
@@ -224,6 +231,11 @@ class AsyncResult {
   }
 
  private:
+  /// The result is no longer wanted: dropped when it comes.
+  void release() noexcept {
+    if (core_ && !value_ && !error_) detail::pool::abandon(*core_, {task_});
+  }
+
   void collect(std::optional<std::chrono::nanoseconds> timeout) {
     if (value_ || error_) return;
     QueueItem item;
@@ -254,10 +266,17 @@ class ResultStream {
   ResultStream(std::shared_ptr<detail::pool::Core> core, std::vector<std::int64_t> tasks, bool ordered)
       : core_(std::move(core)), tasks_(tasks.begin(), tasks.end()), ordered_(ordered) {}
   ResultStream(ResultStream&&) noexcept = default;
-  ResultStream& operator=(ResultStream&&) noexcept = default;
-  ~ResultStream() {
-    if (core_) detail::pool::abandon(*core_, {tasks_.begin(), tasks_.end()});
+  ResultStream& operator=(ResultStream&& other) noexcept {
+    if (this != &other) {
+      release();
+      core_ = std::move(other.core_);
+      tasks_ = std::move(other.tasks_);
+      ordered_ = other.ordered_;
+      buffer_ = std::move(other.buffer_);
+    }
+    return *this;
   }
+  ~ResultStream() { release(); }
 
   /// The next result; nullopt once all came. Throws TimeoutError when `timeout` passed first
   /// (next may be called again), and what AsyncResult::get throws for a failed task.
@@ -325,6 +344,11 @@ class ResultStream {
   iterator end() { return iterator(); }
 
  private:
+  /// The remaining results are no longer wanted: dropped when they come.
+  void release() noexcept {
+    if (core_) detail::pool::abandon(*core_, {tasks_.begin(), tasks_.end()});
+  }
+
   void forget(std::int64_t task) {
     if (tasks_.front() == task) {
       tasks_.pop_front();

@@ -37,7 +37,10 @@ struct DataLoaderOptions {
   /// Keep the workers from one epoch to the next (else they start at each epoch's first batch
   /// and end with its last, as torch's default).
   bool persistent_workers = false;
-  /// Runs in each worker before its first sample: (worker id, the worker's seed).
+  /// Runs in each worker before its first sample: (worker id, the worker's seed). The seed is
+  /// `seed` + e * num_workers + id for workers started at epoch e (persistent workers: the first
+  /// epoch's), so that per-epoch workers do not repeat their random streams. An exception from
+  /// it ends the epoch with ProcessRaisedError naming the worker's worker_init_fn.
   void (*worker_init_fn)(int worker_id, std::uint64_t seed) = nullptr;
   /// How workers are made. forkserver (the default) forks them from a single-threaded server, so
   /// the trainer may run threads (CUDA, NCCL, a progress thread); the server is a fork of this
@@ -52,8 +55,10 @@ struct DataLoaderOptions {
   /// default, which writes each sample into its row of the batch (Dataset::get_into).
   Batch (*collate)(std::vector<Sample>&& samples) = nullptr;
   /// Page-locks the batches' memory for fast, asynchronous copies to a GPU: the whole arena,
-  /// where every batch is made, registered with CUDA once per process at the first epoch (so all
-  /// of --shm-size / NODAL_SHM_SIZE becomes resident). UsageError at construction in a build
+  /// where every batch is made (also without workers, then), registered with CUDA once per process
+  /// at the first epoch, after the workers started (so all of --shm-size / NODAL_SHM_SIZE becomes
+  /// resident). CUDA is then initialised: later workers need the fork server (the default) or
+  /// persistent workers, as fork is refused after CUDA. UsageError at construction in a build
   /// without CUDA; CudaError at the first epoch where no GPU can be used.
   bool pin_memory = false;
   /// The order of the indices; nullptr: as `shuffle` says. A DistributedSampler gives each rank

@@ -15,8 +15,9 @@
 namespace nodal::detail {
 
 /// RAII: a section that SIGTERM does not interrupt (see above). Sections nest and may be open in
-/// several threads at once. Entering one after SIGTERM arrived does not enter: the thread leaves
-/// at once and the process ends.
+/// several threads at once. Entering an outermost section after SIGTERM arrived does not enter:
+/// the process ends (at once, or when the other threads' sections end); a nested one is entered,
+/// so that the section around it can finish.
 class TerminationShield {
  public:
   TerminationShield() noexcept;
