@@ -68,7 +68,9 @@ TEST_P(RankDies, EverySurvivorGetsPeerFailureFast) {
       EXPECT_FALSE(m[5].str().empty()) << "PeerFailure without a message: " << line;
     } else if (std::regex_match(line, m, later)) {
       later_calls[std::stoi(m[1])] += 1;
-      EXPECT_LT(std::stod(m[3]), 20.0) << "a later call must fail at once: " << line;
+      // At once: within one 20 ms wait slice (a waiter looks at the job's failure word once a
+      // slice) plus scheduling on a loaded 2-core VM (an ASan run under ctest -j2 measured 26.9).
+      EXPECT_LT(std::stod(m[3]), 50.0) << "a later call must fail at once: " << line;
     }
   }
   for (int rank = 0; rank < c.n; ++rank) {
