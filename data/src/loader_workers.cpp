@@ -225,8 +225,8 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
   }
   try {
     for (int id = 0; id < settings.workers; ++id) {
-      const std::string requests = fmt::format("{}.w{}.requests", name_, id);
-      const std::string batches = fmt::format("{}.w{}.batches", name_, id);
+      const std::string requests = queue_name(id, "requests");
+      const std::string batches = queue_name(id, "batches");
       const auto depth = static_cast<std::size_t>(settings.prefetch);
       auto worker = std::make_unique<Worker>(
           Worker{id, nullptr, -1, TensorQueue::open(requests, depth), TensorQueue::open(batches, depth)});
@@ -260,6 +260,10 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
 }
 
 WorkerSet::~WorkerSet() { stop(); }
+
+std::string WorkerSet::queue_name(int worker, const char* which) const {
+  return fmt::format("{}.w{}.{}", name_, worker, which);
+}
 
 void WorkerSet::send(int worker, std::int64_t ticket, std::span<const std::int64_t> indices) {
   QueueItem request;
@@ -352,9 +356,16 @@ void WorkerSet::stop() noexcept {
     } catch (...) {
       // A failed worker's error was reported through the batch it owed, or nobody waits for it.
     }
-    while (worker->batches.try_get()) {
-    }
     if (settings_.start_method == StartMethod::forkserver) nodal::detail::discard_child_config(worker->pid);
+  }
+  // The workers have ended: their queues go back to the arena (with what is still in them).
+  for (int id = 0; id < static_cast<int>(workers_.size()); ++id) {
+    try {
+      TensorQueue::unlink(queue_name(id, "requests"));
+      TensorQueue::unlink(queue_name(id, "batches"));
+    } catch (...) {
+      // The arena's index is unusable (a process died holding it): the job is failing anyway.
+    }
   }
   workers_.clear();
 }

@@ -68,6 +68,8 @@ class WorkerSet {
 
  private:
   struct Worker;
+  /// Worker `worker`'s "requests" or "batches" queue.
+  std::string queue_name(int worker, const char* which) const;
   std::string name_;
   WorkerSettings settings_;
   std::vector<std::unique_ptr<Worker>> workers_;

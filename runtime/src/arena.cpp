@@ -281,4 +281,34 @@ void* Arena::find_or_create(const char* name, std::size_t bytes, std::size_t ali
   return result;
 }
 
+void* Arena::find(const char* name) {
+  void* result = nullptr;
+  try {
+    const detail::TerminationShield shield;
+    auto body = [&] {
+      auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
+      if (record) result = at(record[0]);
+    };
+    segment_->buffer.get_segment_manager()->atomic_func(body);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
+  }
+  return result;
+}
+
+void Arena::destroy(const char* name) {
+  try {
+    const detail::TerminationShield shield;
+    auto body = [&] {
+      auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
+      if (!record) return;
+      deallocate(at(record[0]));
+      segment_->buffer.destroy<std::uint64_t>(name);
+    };
+    segment_->buffer.get_segment_manager()->atomic_func(body);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
+  }
+}
+
 }  // namespace nodal

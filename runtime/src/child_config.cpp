@@ -9,7 +9,8 @@
 namespace nodal::detail {
 namespace {
 
-TensorQueue config_queue(pid_t child) { return TensorQueue::open(fmt::format("nodal.child-config.{}", child), 1); }
+std::string config_queue_name(pid_t child) { return fmt::format("nodal.child-config.{}", child); }
+TensorQueue config_queue(pid_t child) { return TensorQueue::open(config_queue_name(child), 1); }
 
 }  // namespace
 
@@ -25,7 +26,7 @@ QueueItem receive_child_config(const char* who, std::chrono::milliseconds timeou
 
 void discard_child_config(pid_t child) noexcept {
   try {
-    config_queue(child).try_get();
+    TensorQueue::unlink(config_queue_name(child));
   } catch (...) {
   }
 }

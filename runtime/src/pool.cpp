@@ -263,16 +263,18 @@ class Core {
         }
       } catch (...) {
       }
-      while (worker.queue->try_get()) {  // the references its untaken tasks held
-      }
     }
+    // Every process that used the pool's queues has ended: they go back to the arena, with the
+    // tensors of the items still in them (results nobody collected, tasks never taken).
     for (Worker& worker : workers_) {
       if (options_.start_method == StartMethod::forkserver) discard_child_config(worker.pid);
+      unlink(worker.queue_name);
     }
     workers_.clear();
+    for (const std::string& name : spare_queues_) unlink(name);
+    spare_queues_.clear();
     results_.close();
-    while (results_.try_get()) {  // the arena tensors of results nobody collected
-    }
+    unlink(id_ + ".results");
     backlog_.clear();
     std::vector<std::int64_t> unfinished;  // finish() may erase from the map: not while iterating it
     for (const auto& [id, task] : tasks_by_id_) {
@@ -462,8 +464,20 @@ class Core {
       discard_child_config(worker.pid);
     }
     // A queue whose worker exited by itself is whole and reusable; one killed may have died
-    // between claiming a cell and releasing it (SIGKILL is not held back), so its queue is left.
-    if (code == 0 && !worker.queue->closed()) spare_queues_.push_back(worker.queue_name);
+    // between claiming a cell and releasing it (SIGKILL is not held back): it goes.
+    if (code == 0 && !worker.queue->closed()) {
+      spare_queues_.push_back(worker.queue_name);
+    } else {
+      unlink(worker.queue_name);
+    }
+  }
+
+  static void unlink(const std::string& queue) noexcept {
+    try {
+      TensorQueue::unlink(queue);
+    } catch (...) {
+      // The arena's index is unusable (a process died holding it): the job is failing anyway.
+    }
   }
 
   void start_worker() {

@@ -264,6 +264,17 @@ TensorQueue TensorQueue::open(const std::string& name, std::size_t capacity) {
   return TensorQueue(static_cast<detail::QueueState*>(state));
 }
 
+void TensorQueue::unlink(const std::string& name) {
+  const std::string object = "queue:" + name;
+  Arena& arena = detail::job_arena();
+  void* state = arena.find(object.c_str());
+  if (state == nullptr) return;
+  TensorQueue queue(static_cast<detail::QueueState*>(state));
+  while (queue.try_get()) {
+  }
+  arena.destroy(object.c_str());
+}
+
 namespace {
 
 /// A put or get as the wait table shows it (wait_record.hpp).

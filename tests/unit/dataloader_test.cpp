@@ -11,6 +11,8 @@
 #include <nodal/data/dataloader.hpp>
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 
 #include <signal.h>
@@ -216,6 +218,16 @@ TEST_P(DataLoaderWorkers, PersistentWorkersStayAndOthersEndWithTheEpoch) {
   while (it != per_epoch.end()) ++it;
   EXPECT_TRUE(per_epoch.worker_pids().empty()) << "the workers ended with the epoch";
   for (pid_t pid : first) EXPECT_NE(::kill(pid, 0), 0) << pid << " still runs";
+}
+
+TEST_P(DataLoaderWorkers, EpochsAfterEpochsGiveTheArenaBackItsMemory) {
+  // Per-epoch workers: each epoch's queues and batches go back to the arena.
+  DataLoader loader(std::make_shared<Numbers>(16), options({.batch_size = 4, .num_workers = 2}));
+  all_ys(loader);
+  const std::size_t free_after_one = nodal::detail::job_arena().free_bytes();
+  for (int epoch = 0; epoch < 30; ++epoch) all_ys(loader);
+  EXPECT_GE(nodal::detail::job_arena().free_bytes() + 16 * 1024, free_after_one)
+      << "30 epochs kept what they used (4 queues each)";
 }
 
 std::int64_t g_worker_seed = -1;

@@ -5,6 +5,8 @@
 #include <nodal/pool.hpp>
 #include <nodal/tensor.hpp>
 #include <nodal/tensor_queue.hpp>
+#include <nodal/arena.hpp>
+#include <nodal/detail/storage.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -384,6 +386,24 @@ TEST(Pool, AWorkerThatCannotBeReplacedBreaksThePoolClearly) {
   }
   EXPECT_THROW(pool.apply_async(&square, std::int64_t{3}), nodal::Error) << "the pool is broken";
   busy.join();
+}
+
+TEST_P(PoolTest, PoolsComeAndGoWithoutKeepingArenaMemory) {
+  { Pool warm(2, {.start_method = GetParam()}); }
+  const std::size_t free_before = nodal::detail::job_arena().free_bytes();
+  for (int round = 0; round < 20; ++round) {
+    Pool pool(2, {.start_method = GetParam(), .maxtasksperchild = 1});
+    auto stream = pool.imap(&square, iota(4));
+    ::kill(pool.pids().at(0), SIGKILL);  // a killed worker's queue goes too
+    for (;;) {
+      try {
+        if (!stream.next(10s)) break;
+      } catch (const nodal::ProcessExitedError&) {
+      }
+    }
+  }
+  EXPECT_GE(nodal::detail::job_arena().free_bytes() + 16 * 1024, free_before)
+      << "20 pools (results, task and config queues) kept what they used";
 }
 
 TEST(Pool, SpawnIsRefused) { EXPECT_THROW(Pool(1, {.start_method = StartMethod::spawn}), nodal::UsageError); }

@@ -96,6 +96,13 @@ class Arena {
   void* find_or_create(const char* name, std::size_t bytes, std::size_t alignment,
                        const std::function<void(void*)>& construct);
 
+  /// The object named `name`, or nullptr when there is none. Throws PeerFailure when a process
+  /// died holding the arena's lock.
+  void* find(const char* name);
+  /// Frees the object named `name` and its name (nothing when there is none): the caller makes
+  /// sure that no process uses it any more. Throws PeerFailure as find().
+  void destroy(const char* name);
+
   bool contains(const void* pointer) const noexcept {
     auto p = static_cast<const std::byte*>(pointer);
     return p >= base_ && p < base_ + size_;

@@ -65,6 +65,12 @@ class TensorQueue {
   /// `timeout` passed first. Throws PeerFailure.
   bool wait_readable(std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
 
+  /// Removes the job's queue called `name` (nothing when there is none): drops the items still in
+  /// it (releasing their tensors) and gives its memory back to the arena. For a queue no process
+  /// uses any more (its producers and consumers ended): a TensorQueue object of it left anywhere
+  /// is dangling. Throws PeerFailure when a process died holding the arena's lock.
+  static void unlink(const std::string& name);
+
   /// No more puts; consumers drain what is queued and then get nullopt. Idempotent.
   void close();
   bool closed() const;

@@ -19,8 +19,8 @@ void send_child_config(pid_t child, QueueItem config);
 /// within `timeout`.
 QueueItem receive_child_config(const char* who, std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-/// In the parent, after the child exited: drops a configuration it never took, so that a later
-/// process with the same pid does not read it. Throws nothing.
+/// In the parent, after the child exited: removes its queue (and a configuration it never took,
+/// which a later process with the same pid must not read). Throws nothing.
 void discard_child_config(pid_t child) noexcept;
 
 }  // namespace nodal::detail
