@@ -381,7 +381,9 @@ class ResultStream {
 /// ProcessRaisedError naming the task, with the worker's type, message and stack (taken where the
 /// worker caught it). A worker killed by a signal (or exiting) inside a task fails that task with
 /// ProcessExitedError naming the task; the worker is replaced and the pool stays usable (Python's
-/// Pool hangs there). Results are collected by the thread waiting in map/get/next; a Pool and the
+/// Pool hangs there). terminate()'s SIGTERM is held back while a worker changes the arena; a
+/// SIGKILL cannot be: one that lands while a worker starts (opening its queues by name, under the
+/// arena's index lock) leaves the index unusable for the job (PeerFailure from then on). Results are collected by the thread waiting in map/get/next; a Pool and the
 /// results it gave are for one thread at a time. The destructor terminates the pool, as Python's
 /// `with Pool() as p:` does: call close() and join() first to let queued tasks finish.
 class Pool {
