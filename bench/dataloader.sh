@@ -8,13 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "dataloader.sh: installing python3-torch (the peer's DataLoader)" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
-fi
+. bench/peers/python_torch.sh
+ensure_python_torch dataloader.sh
 nodal=$("$build/bench/dataloader_bench")
 torch=$(/usr/bin/python3 bench/peers/torch_dataloader.py)
 echo "$nodal"

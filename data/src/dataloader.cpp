@@ -241,7 +241,7 @@ DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 
 std::int64_t DataLoader::size() const {
   if (!sampler_) throw UsageError("DataLoader::size: an IterableDataset's batches are not known ahead");
-  const auto n = static_cast<std::int64_t>(sampler_->indices(epoch_).size());
+  const std::int64_t n = sampler_->size();
   return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
 }
 

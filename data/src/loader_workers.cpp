@@ -345,17 +345,10 @@ void WorkerSet::stop() noexcept {
         std::this_thread::sleep_for(1ms);
       }
       if (worker->process->is_alive()) worker->process->terminate();
-      const auto kill_at = Clock::now() + kTerminateGrace;
-      while (!worker->process->join(std::chrono::milliseconds(1))) {
-        if (Clock::now() >= kill_at) {
-          worker->process->kill();
-          worker->process->join();
-          break;
-        }
-      }
     } catch (...) {
       // A failed worker's error was reported through the batch it owed, or nobody waits for it.
     }
+    worker->process->join_or_kill(Clock::now() + kTerminateGrace);
     if (settings_.start_method == StartMethod::forkserver) nodal::detail::discard_child_config(worker->pid);
   }
   // The workers have ended: their queues go back to the arena (with what is still in them).

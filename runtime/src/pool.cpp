@@ -175,7 +175,6 @@ class Core {
     Task& task = tasks_by_id_[id];
     task.what = std::move(what);
     task.count = header.count;
-    ++outstanding_;
     backlog_.push_back(std::move(item));
     feed();
     return id;
@@ -252,18 +251,7 @@ class Core {
       }
     }
     const auto kill_at = Clock::now() + kTerminateGrace;
-    for (Worker& worker : workers_) {
-      try {
-        while (!worker.process->join(std::chrono::milliseconds(1))) {
-          if (Clock::now() >= kill_at) {
-            worker.process->kill();
-            worker.process->join();
-            break;
-          }
-        }
-      } catch (...) {
-      }
-    }
+    for (Worker& worker : workers_) worker.process->join_or_kill(kill_at);
     // Every process that used the pool's queues has ended: they go back to the arena, with the
     // tensors of the items still in them (results nobody collected, tasks never taken).
     for (Worker& worker : workers_) {
@@ -388,7 +376,6 @@ class Core {
   void finish(std::int64_t id, Task& task, std::exception_ptr error) {
     task.finished = true;
     task.error = std::move(error);
-    --outstanding_;
     if (task.abandoned) tasks_by_id_.erase(id);
   }
 
@@ -521,7 +508,6 @@ class Core {
   std::deque<QueueItem> backlog_;
   std::unordered_map<std::int64_t, Task> tasks_by_id_;
   std::int64_t next_task_ = 0;
-  std::int64_t outstanding_ = 0;
   int next_slot_ = 0;
   Clock::time_point next_check_{};
   bool closed_ = false;

@@ -298,6 +298,17 @@ void end_child(Process::State& s, int sig, const char* call) {
 
 }  // namespace
 
+void Process::join_or_kill(std::chrono::steady_clock::time_point kill_at) noexcept {
+  try {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at - std::chrono::steady_clock::now());
+    if (join(std::max(left, std::chrono::milliseconds(0)))) return;
+    kill();
+    join();
+  } catch (...) {
+    // A failed child, a server that died, or no child: nothing left to end.
+  }
+}
+
 void Process::terminate() { end_child(state("terminate"), SIGTERM, "terminate"); }
 
 void Process::kill() { end_child(state("kill"), SIGKILL, "kill"); }

@@ -15,6 +15,8 @@ std::atomic<int> g_depth{0};
 std::atomic<int> g_pending{0};
 /// Sections this thread is in (never read by the handler).
 thread_local int t_depth = 0;
+/// Set once, before any section of the process, by defer_termination_in_shielded_sections.
+std::atomic<bool> g_installed{false};
 static_assert(std::atomic<int>::is_always_lock_free, "used in a signal handler");
 
 /// Ends the process by SIGTERM's default action (async-signal-safe).
@@ -43,7 +45,8 @@ void on_sigterm(int) {
 
 }  // namespace
 
-TerminationShield::TerminationShield() noexcept {
+TerminationShield::TerminationShield() noexcept : active_(g_installed.load(std::memory_order_relaxed)) {
+  if (!active_) return;
   g_depth.fetch_add(1);
   ++t_depth;
   // SIGTERM came: the process is ending. A thread entering its outermost section backs out; if
@@ -58,11 +61,13 @@ TerminationShield::TerminationShield() noexcept {
 }
 
 TerminationShield::~TerminationShield() {
+  if (!active_) return;
   --t_depth;
   leave();
 }
 
 void defer_termination_in_shielded_sections() noexcept {
+  g_installed.store(true);  // before the handler: a SIGTERM it handles finds sections counted
   struct sigaction action {};
   action.sa_handler = &on_sigterm;
   ::sigemptyset(&action.sa_mask);

@@ -105,7 +105,7 @@ TEST(Samplers, DistributedSharesAreTorchs) {
   std::vector<std::int64_t> seen;
   for (int rank = 0; rank < 3; ++rank) {
     DistributedSampler sampler(10, {.rank = rank, .world_size = 3, .shuffle = false});
-    EXPECT_EQ(sampler.samples_per_rank(), 4);
+    EXPECT_EQ(sampler.size(), 4);
     const auto mine = sampler.indices(0);
     ASSERT_EQ(mine.size(), 4U);
     EXPECT_EQ(mine[0], rank);

@@ -85,6 +85,11 @@ class Process {
   /// not an error for join(). Throws UsageError before start().
   void terminate();
   void kill();
+  /// Waits for the child until `kill_at`, then kills it (SIGKILL) and waits again: how a caller
+  /// that has told a child to stop (closed its input, terminate()) ends it for sure. A failed
+  /// exit is not reported (the caller has what it needed from the child, or nothing); throws
+  /// nothing.
+  void join_or_kill(std::chrono::steady_clock::time_point kill_at) noexcept;
 
   const std::string& name() const;
   bool daemon() const;

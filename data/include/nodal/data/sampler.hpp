@@ -11,6 +11,8 @@ class Sampler {
   virtual ~Sampler() = default;
   /// The indices of one epoch, in order. The same epoch gives the same indices.
   virtual std::vector<std::int64_t> indices(std::int64_t epoch) const = 0;
+  /// How many indices an epoch has (the same every epoch).
+  virtual std::int64_t size() const = 0;
 };
 
 /// 0, 1, ..., size-1 (torch's SequentialSampler).
@@ -18,6 +20,7 @@ class SequentialSampler : public Sampler {
  public:
   explicit SequentialSampler(std::int64_t size) : size_(size) {}
   std::vector<std::int64_t> indices(std::int64_t epoch) const override;
+  std::int64_t size() const override { return size_; }
 
  private:
   std::int64_t size_;
@@ -29,6 +32,7 @@ class RandomSampler : public Sampler {
  public:
   RandomSampler(std::int64_t size, std::uint64_t seed) : size_(size), seed_(seed) {}
   std::vector<std::int64_t> indices(std::int64_t epoch) const override;
+  std::int64_t size() const override { return size_; }
 
  private:
   std::int64_t size_;
@@ -53,7 +57,7 @@ class DistributedSampler : public Sampler {
   DistributedSampler(std::int64_t size, DistributedSamplerOptions options);
   std::vector<std::int64_t> indices(std::int64_t epoch) const override;
   /// Indices per epoch on each rank.
-  std::int64_t samples_per_rank() const noexcept { return per_rank_; }
+  std::int64_t size() const override { return per_rank_; }
 
  private:
   std::int64_t size_;

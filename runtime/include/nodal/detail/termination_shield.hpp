@@ -8,7 +8,7 @@
 // process is inside a TerminationShield section, the handler terminates the process at once, by
 // SIGTERM (the exit status reads "killed by SIGTERM", as with the default action); otherwise the
 // last thread to leave a section does. In a process without the handler (a rank, a program's
-// main process) a section costs two atomic adds and changes nothing. SIGKILL cannot be held
+// main process) a section costs one relaxed load and changes nothing. SIGKILL cannot be held
 // back: a child killed by it inside a section still breaks what it was changing.
 #pragma once
 
@@ -24,6 +24,12 @@ class TerminationShield {
   ~TerminationShield();
   TerminationShield(const TerminationShield&) = delete;
   TerminationShield& operator=(const TerminationShield&) = delete;
+
+ private:
+  /// Whether the handler is installed in this process (children: from their first instruction of
+  /// nodal code on). Where it is not (ranks, a program's main process: the hot paths), a section
+  /// is one relaxed load and nothing else.
+  bool active_;
 };
 
 /// Installs the deferring SIGTERM handler in this process (a child nodal started). Idempotent.

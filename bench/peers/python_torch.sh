@@ -1,0 +1,11 @@
+# Sourced by the benchmarks whose peers are Python programs (bench/multiprocessing.sh,
+# bench/dataloader.sh): ensure_python_torch WHO installs Debian's python3-torch when the system
+# python3 lacks torch (no test needs it: scripts/setup-debian.sh leaves it out), saying WHO asked.
+ensure_python_torch() {
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then return; fi
+  echo "$1: installing python3-torch (the Python peer's torch)" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+}
