@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main command: builds nodal and runs the example job under nodalrun: Fashion-MNIST
-# trained by NODAL_RANKS (default 2) data-parallel trainer ranks, each fed by a loader process.
-#   scripts/run-example.sh [fashion_mnist options, e.g. --epochs 3 --loaders 2]
+# trained by NODAL_RANKS (default 2) data-parallel trainer ranks, each fed by a DataLoader worker process.
+#   scripts/run-example.sh [fashion_mnist options, e.g. --epochs 3 --num-workers 2]
 # A fresh machine spends minutes installing and building: one line per step says which, the
 # build's [n/N] shows how far, and the full output goes to build/run-example.log.
 set -euo pipefail

@@ -39,9 +39,10 @@ class Epoch {
 /// sampler order without reordering.
 class IndexEpoch : public Epoch {
  public:
-  IndexEpoch(Dataset& dataset, const DataLoaderOptions& options, std::vector<std::int64_t> indices,
-             WorkerSet* workers, std::int64_t first_ticket)
+  IndexEpoch(Dataset& dataset, const DataLoaderOptions& options, std::int64_t epoch,
+             std::vector<std::int64_t> indices, WorkerSet* workers, std::int64_t first_ticket)
       : options_(options),
+        epoch_(epoch),
         maker_(&dataset, options.collate, /*shared=*/options.pin_memory),
         indices_(std::move(indices)),
         workers_(workers),
@@ -79,9 +80,10 @@ class IndexEpoch : public Epoch {
     const std::size_t count = std::min(static_cast<std::size_t>(options_.batch_size), indices_.size() - first);
     return {indices_.data() + first, count};
   }
-  void send(std::int64_t b) { workers_->send(worker_of(b), base_ + b, rows_of(b)); }
+  void send(std::int64_t b) { workers_->send(worker_of(b), base_ + b, epoch_, rows_of(b)); }
 
   const DataLoaderOptions options_;  ///< a copy: the DataLoader may move while an epoch runs
+  std::int64_t epoch_;
   BatchMaker maker_;
   std::vector<std::int64_t> indices_;
   WorkerSet* workers_;
@@ -263,15 +265,16 @@ void DataLoader::start_epoch() {
         options_.seed + static_cast<std::uint64_t>(epoch_) * static_cast<std::uint64_t>(options_.num_workers);
     s.workers = std::make_unique<detail::WorkerSet>(detail::WorkerSettings{
         dataset_.get(), stream_.get(), registry_id_, options_.num_workers, base, options_.prefetch_factor,
-        options_.collate, options_.worker_init_fn, options_.start_method, options_.batch_size, options_.drop_last});
+        options_.collate, options_.worker_init_fn, options_.start_method, options_.batch_size, options_.drop_last,
+        epoch_});
   }
   // After the workers started: pinning initialises CUDA, and no fork may follow that.
   if (options_.pin_memory) pin_arena();
   if (stream_) {
     s.epoch = std::make_unique<detail::StreamEpoch>(*stream_, options_, epoch_, s.workers.get(), s.next_ticket);
   } else {
-    s.epoch = std::make_unique<detail::IndexEpoch>(*dataset_, options_, sampler_->indices(epoch_), s.workers.get(),
-                                                   s.next_ticket);
+    s.epoch = std::make_unique<detail::IndexEpoch>(*dataset_, options_, epoch_, sampler_->indices(epoch_),
+                                                   s.workers.get(), s.next_ticket);
   }
   ++epoch_;
 }

@@ -2,6 +2,8 @@
 
 #include "batch_maker.hpp"
 
+#include <nodal/data/worker_info.hpp>
+
 #include <nodal/errors.hpp>
 #include <nodal/detail/child_config.hpp>
 #include <nodal/detail/exception_report.hpp>
@@ -59,6 +61,7 @@ struct Wire {
   std::uintptr_t init;
   std::int64_t batch_size;
   bool drop_last;
+  std::int64_t epoch;
   char index_queue[80];
   char batch_queue[80];
 };
@@ -74,6 +77,7 @@ struct WorkerPlan {
   void (*init)(int, std::uint64_t);
   std::int64_t batch_size;
   bool drop_last;
+  std::int64_t epoch;
   std::string index_queue;
   std::string batch_queue;
 };
@@ -109,6 +113,7 @@ void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& re
   try {
     std::int64_t epoch = 0;
     std::memcpy(&epoch, request.text.data(), sizeof epoch);
+    set_worker_info({plan.id, plan.workers, plan.seed, epoch});
     plan.stream->start(plan.id, plan.workers, epoch);
     for (;;) {
       std::vector<Sample> samples;
@@ -139,6 +144,7 @@ void stream_epoch(const WorkerPlan& plan, BatchMaker& maker, const QueueItem& re
 void run_worker(const WorkerPlan& plan) {
   TensorQueue requests = TensorQueue::open(plan.index_queue, static_cast<std::size_t>(plan.prefetch));
   TensorQueue batches = TensorQueue::open(plan.batch_queue, static_cast<std::size_t>(plan.prefetch));
+  set_worker_info({plan.id, plan.workers, plan.seed, plan.epoch});
   if (plan.init != nullptr) {
     try {
       plan.init(plan.id, plan.seed);
@@ -155,6 +161,7 @@ void run_worker(const WorkerPlan& plan) {
       stream_epoch(plan, maker, *request, batches);
       continue;
     }
+    set_worker_info({plan.id, plan.workers, plan.seed, request->label});  // the label: the epoch
     std::vector<std::int64_t> indices(request->text.size() / sizeof(std::int64_t));
     std::memcpy(indices.data(), request->text.data(), indices.size() * sizeof(std::int64_t));
     std::int64_t current = -1;
@@ -185,7 +192,7 @@ void forkserver_worker() {
   run_worker(WorkerPlan{dataset.map, dataset.stream, wire.id, wire.workers, wire.prefetch, wire.seed,
                         reinterpret_cast<Batch (*)(std::vector<Sample>&&)>(wire.collate),
                         reinterpret_cast<void (*)(int, std::uint64_t)>(wire.init), wire.batch_size, wire.drop_last,
-                        wire.index_queue, wire.batch_queue});
+                        wire.epoch, wire.index_queue, wire.batch_queue});
 }
 
 std::atomic<int> g_sets{0};
@@ -234,8 +241,8 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
       ProcessOptions options{.start_method = settings.start_method, .name = fmt::format("DataLoader worker {}", id)};
       if (settings.start_method == StartMethod::fork) {
         const WorkerPlan plan{settings.dataset, settings.stream, id, settings.workers, settings.prefetch, seed,
-                              settings.collate, settings.init, settings.batch_size, settings.drop_last, requests,
-                              batches};
+                              settings.collate, settings.init, settings.batch_size, settings.drop_last, settings.epoch,
+                              requests, batches};
         worker->process = std::make_unique<Process>([plan] { run_worker(plan); }, options);
         worker->process->start();
       } else {
@@ -243,7 +250,7 @@ WorkerSet::WorkerSet(const WorkerSettings& settings)
         worker->process->start();
         Wire wire{settings.dataset_id, id, settings.workers, settings.prefetch, seed,
                   reinterpret_cast<std::uintptr_t>(settings.collate), reinterpret_cast<std::uintptr_t>(settings.init),
-                  settings.batch_size, settings.drop_last, {}, {}};
+                  settings.batch_size, settings.drop_last, settings.epoch, {}, {}};
         requests.copy(wire.index_queue, sizeof wire.index_queue - 1);
         batches.copy(wire.batch_queue, sizeof wire.batch_queue - 1);
         QueueItem config;
@@ -265,9 +272,10 @@ std::string WorkerSet::queue_name(int worker, const char* which) const {
   return fmt::format("{}.w{}.{}", name_, worker, which);
 }
 
-void WorkerSet::send(int worker, std::int64_t ticket, std::span<const std::int64_t> indices) {
+void WorkerSet::send(int worker, std::int64_t ticket, std::int64_t epoch, std::span<const std::int64_t> indices) {
   QueueItem request;
   request.index = ticket;
+  request.label = epoch;
   request.text.assign(reinterpret_cast<const char*>(indices.data()), indices.size_bytes());
   workers_.at(static_cast<std::size_t>(worker))->requests.put(std::move(request));
 }

@@ -34,6 +34,7 @@ struct WorkerSettings {
   StartMethod start_method = StartMethod::forkserver;
   std::int64_t batch_size = 1;  ///< an iterable dataset's workers batch their streams
   bool drop_last = false;
+  std::int64_t epoch = 0;  ///< the epoch the workers start for (worker_info() in worker_init_fn)
 };
 
 /// The workers of one DataLoader, each with a queue of requests (a ticket and the sample indices
@@ -51,9 +52,9 @@ class WorkerSet {
   WorkerSet& operator=(const WorkerSet&) = delete;
 
   int size() const noexcept { return static_cast<int>(workers_.size()); }
-  /// Asks `worker` for the batch of these sample indices (map-style), called `ticket`. Never
-  /// blocks: a worker is given at most `prefetch` batches ahead.
-  void send(int worker, std::int64_t ticket, std::span<const std::int64_t> indices);
+  /// Asks `worker` for the batch of these sample indices (map-style) of `epoch`, called `ticket`.
+  /// Never blocks: a worker is given at most `prefetch` batches ahead.
+  void send(int worker, std::int64_t ticket, std::int64_t epoch, std::span<const std::int64_t> indices);
   /// Asks `worker` for its stream's batches of `epoch` (iterable), all called `ticket`.
   void send_stream(int worker, std::int64_t ticket, std::int64_t epoch);
   /// The next batch `ticket` from `worker`, waiting until `deadline` (none: no limit); nullopt

@@ -1,13 +1,14 @@
 // Fashion-MNIST, data parallel: the README's main job.
 //
-//   nodalrun -n 2 build/release/examples/fashion_mnist/fashion_mnist [--epochs N] [--loaders K] ...
+//   nodalrun -n 2 build/release/examples/fashion_mnist/fashion_mnist [--epochs N] [--num-workers K] ...
 //
 // Every rank of the job is a trainer (an MLP in Eigen; gradients combined with one allreduce per
-// step, see trainer.hpp), fed by loader processes through TensorQueues of shared tensors (see
-// loader.hpp): by default `--loaders` children per trainer started with nodal::spawn, or with
-// --loader-ranks extra ranks of the job. Rank 0 evaluates on the test set after each epoch,
-// prints a line per epoch and a summary. `--fail-at-step K --fail-rank R` is the failure drill.
+// step, see trainer.hpp), fed by a nodal::data::DataLoader whose `--num-workers` forkserver
+// workers write its part of each step's batch into the arena (dataset.hpp, TrainerSampler in
+// plan.hpp). Rank 0 evaluates on the test set after each epoch, prints a line per epoch and a
+// summary. `--fail-at-step K --fail-rank R` is the failure drill.
 #include <nodal/cuda.hpp>
+#include <nodal/data/dataloader.hpp>
 #include <nodal/nodal.hpp>
 
 #include <chrono>
@@ -24,9 +25,8 @@
 #include <fmt/format.h>
 
 #include "checkpoint.hpp"
+#include "dataset.hpp"
 #include "idx.hpp"
-#include "loader.hpp"
-#include "loader_children.hpp"
 #include "options.hpp"
 #include "plan.hpp"
 #include "progress.hpp"
@@ -45,18 +45,6 @@ class UsageProblem : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-/// How many of the job's ranks train (the others load, with --loader-ranks).
-int trainer_count(const Options& options, int world_size) {
-  if (options.placement == LoaderPlacement::children) return world_size;
-  if (world_size % (1 + options.loaders) != 0) {
-    throw UsageProblem(
-        fmt::format("--loader-ranks with --loaders {}: the job's {} ranks must be T * {} (T trainers "
-                    "and {} loader rank(s) for each)",
-                    options.loaders, world_size, 1 + options.loaders, options.loaders));
-  }
-  return world_size / (1 + options.loaders);
-}
-
 /// Which start of the job this is (nodalrun --max-restarts): the failure drill fires in the first.
 int restart_count() {
   const char* text = std::getenv("NODAL_RESTART_COUNT");
@@ -69,30 +57,18 @@ std::optional<Checkpoint> resume_point(const Options& options, const Plan& plan)
   return load_checkpoint(options.checkpoint, plan, options);
 }
 
-LoaderTask loader_task(const Options& options, const Plan& plan, const Split* train, int trainer, int slot,
-                       std::int64_t first_step) {
-  LoaderTask task;
-  task.train = train;
-  task.plan = plan;
-  task.trainer = trainer;
-  task.slot = slot;
-  task.loaders = options.loaders;
-  task.prefetch = options.prefetch;
-  const bool drill =
-      options.fail_in == FailIn::loader && options.fail_rank == trainer && slot == 0 && restart_count() == 0;
-  task.fail_at = drill ? options.fail_at_step : -1;
-  task.first_step = first_step;
-  return task;
-}
-
-/// A loader rank (--loader-ranks): rank trainers + t * loaders + j is slot j of trainer t.
-void run_loader_rank(const nodal::Context& ctx, const Options& options, const Plan& plan) {
-  ctx.world().split(-1, ctx.rank());  // collective: the trainers make their communicator
-  const int index = ctx.rank() - plan.trainers;
-  const Split train = load_split(options.data_dir, SplitKind::train);
-  const std::optional<Checkpoint> resume = resume_point(options, plan);
-  run_loader(loader_task(options, plan, &train, index / options.loaders, index % options.loaders,
-                         resume ? resume->next_step : 0));
+/// The failure drill in trainer `trainer`'s dataset, if it is asked for: the first sample of
+/// that trainer's part of step --fail-at-step throws (in the job's first attempt only).
+DatasetDrill dataset_drill(const Options& options, const Plan& plan, int trainer) {
+  if (options.fail_in != FailIn::dataset || options.fail_rank != trainer || options.fail_at_step < 0 ||
+      restart_count() != 0) {
+    return {};
+  }
+  const std::int64_t epoch = options.fail_at_step / plan.steps_per_epoch;
+  if (epoch >= plan.epochs) return {};
+  const std::vector<std::int32_t> order = epoch_order(plan, static_cast<int>(epoch));
+  const std::int64_t sample = trainer_samples(plan, order, options.fail_at_step % plan.steps_per_epoch, trainer)[0];
+  return {epoch, sample, options.fail_at_step, trainer};
 }
 
 /// The test set, normalised like the training batches.
@@ -131,24 +107,26 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
   std::optional<TestSet> test;
   if (reporter) test = load_test_set(options);
 
-  // Children mode: decode the training set here, before the fork server starts, so that the
-  // loaders share these pages copy-on-write instead of decoding it once each.
-  std::optional<Split> train;
-  std::unique_ptr<LoaderChildren> children;
-  if (options.placement == LoaderPlacement::children) {
-    train = load_split(options.data_dir, SplitKind::train);
-    children = std::make_unique<LoaderChildren>(loader_task(options, plan, &*train, trainer, 0, first_step));
-  }
-  nodal::Communicator world = ctx.world();
-  nodal::Communicator comm = options.placement == LoaderPlacement::ranks ? world.split(0, ctx.rank()) : world;
+  // The training set is decoded here and the DataLoader made before its fork server starts: the
+  // workers are forks of the server, so they share these pages copy-on-write and see the dataset.
+  const Split train = load_split(options.data_dir, SplitKind::train);
+  nodal::data::DataLoader loader(
+      std::make_shared<FashionTrain>(train, plan.train_size, dataset_drill(options, plan, trainer)),
+      {.batch_size = plan.local_batch(),
+       .drop_last = true,
+       .num_workers = options.num_workers,
+       .prefetch_factor = options.prefetch_factor,
+       .persistent_workers = true,
+       .sampler = std::make_shared<TrainerSampler>(plan, trainer, first_step)});
+  // Started now, while this process runs one thread and before CUDA (--device cuda) is used.
+  nodal::start_forkserver();
+  nodal::Communicator comm = ctx.world();
 
   if (reporter) {
     fmt::print(
-        "fashion_mnist: {} trainer(s), {} loader(s) each ({}); global batch {} = {} shards x {}; {} steps "
+        "fashion_mnist: {} trainer(s), {} DataLoader worker(s) each; global batch {} = {} shards x {}; {} steps "
         "per epoch, {} epoch(s); SGD lr {} momentum {}; seed {}\n",
-        plan.trainers, options.loaders,
-        options.placement == LoaderPlacement::children ? "nodal::spawn children" : "ranks of the job",
-        plan.global_batch, plan.shards, plan.shard_size, plan.steps_per_epoch, plan.epochs, options.learning_rate,
+        plan.trainers, options.num_workers, plan.global_batch, plan.shards, plan.shard_size, plan.steps_per_epoch, plan.epochs, options.learning_rate,
         options.momentum, options.seed);
     if (resume) {
       fmt::print("fashion_mnist: resuming from {} at step {} (epoch {}, restart {})\n", options.checkpoint, first_step,
@@ -157,9 +135,8 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
     std::fflush(stdout);
   }
 
-  BatchReceiver receiver(trainer, options.loaders, options.prefetch, plan.local_batch());
   // --device cuda: the GPU nodalrun --gpus gave this rank, else the first one (ranks then share it).
-  // Asked only now: CUDA does not survive fork, and the loaders' fork server has started above.
+  // Asked only now: CUDA does not survive fork, and the workers' fork server has started above.
   nodal::Device device{};
   if (options.device == "cuda") {
     if (!nodal::cuda::available()) {
@@ -172,31 +149,33 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
   Progress progress(plan);
   StepTimes times;
   Summary summary;
-  auto next_batch = [&](std::int64_t step) {
-    try {
-      return receiver.next(step);
-    } catch (const LoaderEnded&) {
-      if (children) children->rethrow_failure();  // why the queue ended, if a loader child failed
-      throw;
-    }
-  };
-
   const bool drill = options.fail_in == FailIn::trainer && trainer == options.fail_rank && restart_count() == 0;
-  for (int epoch = static_cast<int>(first_step / plan.steps_per_epoch); epoch < plan.epochs; ++epoch) {
+  const int first_epoch = static_cast<int>(first_step / plan.steps_per_epoch);
+  loader.set_epoch(first_epoch);
+  for (int epoch = first_epoch; epoch < plan.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
     std::int64_t steps_run = 0;
-    for (std::int64_t step = 0; step < plan.steps_per_epoch; ++step) {
+    // The sampler starts a resumed epoch at the checkpoint's step: batch n is that step + n.
+    const std::int64_t skipped = epoch == first_epoch ? first_step % plan.steps_per_epoch : 0;
+    for (std::int64_t step = skipped; step < plan.steps_per_epoch; ++step) {
       const std::int64_t global_step = epoch * plan.steps_per_epoch + step;
-      if (global_step < first_step) continue;  // trained before the checkpoint
       if (drill && global_step == options.fail_at_step) {
         throw std::runtime_error(
             fmt::format("failure drill: trainer rank {} crashes at step {} (--fail-at-step)", trainer, global_step));
       }
       const auto wait_start = Clock::now();
-      const Batch batch = next_batch(global_step);
+      // Throws nodal::ProcessRaisedError when a worker's dataset threw (the worker, the sample,
+      // its stack), nodal::ProcessExitedError when a worker died.
+      const std::optional<nodal::data::Batch> batch = loader.next();
       times.load += seconds_since(wait_start);
-      loss_sum += trainer_state.step(global_step, batch, times);
+      if (!batch || batch->number != step - skipped || batch->rows() != plan.local_batch()) {
+        throw std::runtime_error(fmt::format("trainer {}: the DataLoader's batch for step {} is {}", trainer,
+                                             global_step,
+                                             batch ? fmt::format("batch {} of {} rows", batch->number, batch->rows())
+                                                   : std::string("missing (the epoch ended)")));
+      }
+      loss_sum += trainer_state.step(global_step, *batch, times);
       ++steps_run;
       if (reporter) progress.step(epoch, step, loss_sum / static_cast<double>(steps_run));
       if (reporter && options.checkpoint_every > 0 && (global_step + 1) % options.checkpoint_every == 0) {
@@ -206,6 +185,10 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
         checkpoint.velocity = trainer_state.model().velocity();
         save_checkpoint(checkpoint, options.checkpoint);
       }
+    }
+    if (std::optional<nodal::data::Batch> extra = loader.next()) {  // nullopt ends the epoch
+      throw std::runtime_error(fmt::format("trainer {}: the DataLoader has more batches in epoch {} than its {} steps",
+                                           trainer, epoch + 1, plan.steps_per_epoch));
     }
     EpochReport report;
     report.epoch = epoch;
@@ -226,8 +209,6 @@ void run_trainer(const nodal::Context& ctx, const Options& options, const Plan& 
     summary.last = report;
     if (reporter) progress.end_epoch(report);
   }
-  receiver.expect_end();
-  if (children) children->join();
 
   // The trainers' mean time per part, and a check that they all hold the same weights.
   double parts[3] = {times.load, times.compute, times.comm};
@@ -265,16 +246,12 @@ int main(int argc, char** argv) {
   const nodal::Context ctx = nodal::init();
   Eigen::setNbThreads(1);  // the trainers are the parallelism; and sums must not depend on threads
   try {
-    const int trainers = trainer_count(options, ctx.world_size());
+    const int trainers = ctx.world_size();
     if (options.fail_at_step >= 0 && (options.fail_rank < 0 || options.fail_rank >= trainers)) {
       throw UsageProblem(fmt::format("--fail-rank {}: the trainers are ranks 0..{}", options.fail_rank, trainers - 1));
     }
     const Plan plan = make_plan(options, split_size(SplitKind::train), trainers);
-    if (ctx.rank() < trainers) {
-      run_trainer(ctx, options, plan, start);
-    } else {
-      run_loader_rank(ctx, options, plan);
-    }
+    run_trainer(ctx, options, plan, start);
   } catch (const DataError& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     return 1;

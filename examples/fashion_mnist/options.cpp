@@ -13,8 +13,9 @@ namespace fashion_mnist {
 Options parse_options(int argc, char** argv) {
   Options o;
   CLI::App app(
-      "Trains a 784-256-128-10 MLP on Fashion-MNIST: loader processes feed trainer ranks through shared tensors, "
-      "gradients are averaged with allreduce. Run it under nodalrun: nodalrun -n 2 fashion_mnist",
+      "Trains a 784-256-128-10 MLP on Fashion-MNIST: each trainer rank's nodal::data::DataLoader workers write "
+      "batches into shared tensors, gradients are averaged with allreduce. "
+      "Run it under nodalrun: nodalrun -n 2 fashion_mnist",
       "fashion_mnist");
   app.option_defaults()->always_capture_default();
   app.add_option("--data-dir", o.data_dir, "directory with the four *-ubyte.gz IDX files");
@@ -27,13 +28,11 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--lr", o.learning_rate, "SGD learning rate")->check(CLI::PositiveNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", o.seed, "seeds the initial weights and the shuffling");
-  app.add_option("--loaders", o.loaders, "loader processes per trainer")->check(CLI::Range(1, 64));
-  app.add_option("--prefetch", o.prefetch, "batches each loader may queue ahead of its trainer")
+  app.add_option("--num-workers", o.num_workers,
+                 "DataLoader worker processes per trainer (forkserver children sharing its decoded data)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--prefetch-factor", o.prefetch_factor, "batches each worker may have in flight ahead of its trainer")
       ->check(CLI::Range(1, 1024));
-  bool loader_ranks = false;
-  app.add_flag("--loader-ranks", loader_ranks,
-               "loaders are ranks of the job (nodalrun -n T*(1+loaders): ranks >= T load) instead of "
-               "nodal::spawn'ed children of each trainer");
   app.add_option("--train-subset", o.train_subset, "train on the first N training samples (0: all)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{60000}));
   app.add_option("--test-subset", o.test_subset, "evaluate on the first N test samples (0: all)")
@@ -50,16 +49,17 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--checkpoint", o.checkpoint, "the checkpoint file (written atomically: temporary file, then rename)");
   app.add_option("--fail-at-step", o.fail_at_step,
                  "failure drill: crash at this global step (from 0), in the job's first attempt only");
-  app.add_option("--fail-rank", o.fail_rank, "failure drill: the trainer rank that crashes, or whose loader does");
-  app.add_option("--fail-in", o.fail_in, "failure drill: trainer or loader (that trainer's first loader)")
+  app.add_option("--fail-rank", o.fail_rank, "failure drill: the trainer rank that crashes, or whose dataset does");
+  app.add_option("--fail-in", o.fail_in,
+                 "failure drill: trainer, or dataset (the trainer's dataset throws, in a DataLoader worker, on the "
+                 "first sample of that step)")
       ->transform(CLI::CheckedTransformer(
-          std::map<std::string, FailIn>{{"trainer", FailIn::trainer}, {"loader", FailIn::loader}}));
+          std::map<std::string, FailIn>{{"trainer", FailIn::trainer}, {"dataset", FailIn::dataset}}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e) == 0 ? 0 : 2);
   }
-  o.placement = loader_ranks ? LoaderPlacement::ranks : LoaderPlacement::children;
   if (o.device == "cuda" && !nodal::cuda::built_with_cuda()) {  // asks no driver: CUDA must not start before fork
     std::fprintf(stderr, "fashion_mnist: --device cuda: %s; use --device cpu\n", nodal::cuda::unavailable_reason().c_str());
     std::exit(2);

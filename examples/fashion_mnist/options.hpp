@@ -6,17 +6,8 @@
 
 namespace fashion_mnist {
 
-/// Where the loaders run.
-enum class LoaderPlacement {
-  /// nodal::spawn'ed children of each trainer (forkserver start method): `nodalrun -n N` gives N
-  /// trainers, each with its own loaders, which share the trainer's decoded data copy-on-write.
-  children,
-  /// Ranks of the nodalrun job: `nodalrun -n T*(1+K)` gives T trainers (ranks 0..T-1) and K
-  /// loader ranks per trainer (ranks >= T).
-  ranks,
-};
-
-enum class FailIn { trainer, loader };
+/// Where the failure drill fires: in a trainer, or in its DataLoader's dataset (in a worker).
+enum class FailIn { trainer, dataset };
 
 struct Options {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -26,9 +17,8 @@ struct Options {
   float learning_rate = 0.05F;
   float momentum = 0.9F;
   std::uint64_t seed = 1;
-  int loaders = 1;   ///< loader processes per trainer
-  int prefetch = 4;  ///< batches each loader may have queued ahead of its trainer
-  LoaderPlacement placement = LoaderPlacement::children;
+  int num_workers = 1;      ///< DataLoader worker processes per trainer
+  int prefetch_factor = 4;  ///< batches each worker may have in flight ahead of its trainer
   std::int64_t train_subset = 0;  ///< train on the first N training samples only (0: all 60000)
   std::int64_t test_subset = 0;   ///< evaluate on the first N test samples only (0: all 10000)
   std::string device = "cpu";  ///< where the gradient allreduce runs: cpu or cuda
@@ -40,13 +30,13 @@ struct Options {
   // The failure drill: one process throws at a global step, in the job's first attempt only
   // (NODAL_RESTART_COUNT 0 or unset), so that a restarted job runs through.
   std::int64_t fail_at_step = -1;
-  int fail_rank = 0;  ///< the trainer rank that fails, or whose first loader fails
+  int fail_rank = 0;  ///< the trainer rank that fails, or whose dataset does
   FailIn fail_in = FailIn::trainer;
 };
 
 /// Parses argv. Prints help or a usage error and exits (0 or 2) when it must; exits 2 with one
 /// line saying why for `--device cuda` in a build without CUDA (whether a GPU is there is asked
-/// later, by the trainer: CUDA must not be initialised before the loaders' fork server starts).
+/// later, by the trainer: CUDA must not be initialised before the DataLoader's fork server starts).
 Options parse_options(int argc, char** argv);
 
 }  // namespace fashion_mnist

@@ -61,4 +61,21 @@ std::span<const std::int32_t> trainer_samples(const Plan& plan, const std::vecto
                                                       static_cast<std::size_t>(plan.local_batch()));
 }
 
+TrainerSampler::TrainerSampler(const Plan& plan, int trainer, std::int64_t first_step)
+    : plan_(plan), trainer_(trainer), first_step_(first_step) {}
+
+std::vector<std::int64_t> TrainerSampler::indices(std::int64_t epoch) const {
+  const std::vector<std::int32_t> order = epoch_order(plan_, static_cast<int>(epoch));
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(size()));
+  for (std::int64_t step = 0; step < plan_.steps_per_epoch; ++step) {
+    if (epoch * plan_.steps_per_epoch + step < first_step_) continue;  // trained before the checkpoint
+    const std::span<const std::int32_t> samples = trainer_samples(plan_, order, step, trainer_);
+    out.insert(out.end(), samples.begin(), samples.end());
+  }
+  return out;
+}
+
+std::int64_t TrainerSampler::size() const { return plan_.steps_per_epoch * plan_.local_batch(); }
+
 }  // namespace fashion_mnist

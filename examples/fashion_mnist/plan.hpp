@@ -1,7 +1,9 @@
 // The training schedule: which samples make up each step and which trainer computes which part.
-// Every process (trainer or loader) derives it from the options alone, so they agree without
-// talking; and nothing in it but the ownership of shards depends on the number of trainers.
+// Every trainer derives it from the options alone, so they agree without talking; and nothing in
+// it but the ownership of shards depends on the number of trainers.
 #pragma once
+
+#include <nodal/data/sampler.hpp>
 
 #include <cstdint>
 #include <span>
@@ -42,5 +44,21 @@ std::vector<std::int32_t> epoch_order(const Plan& plan, int epoch);
 /// whose order is `order`: local_batch() indices, shard after shard.
 std::span<const std::int32_t> trainer_samples(const Plan& plan, const std::vector<std::int32_t>& order,
                                               std::int64_t step, int trainer);
+
+/// One trainer's samples as a nodal::data sampler: epoch e's indices are trainer_samples() of
+/// each step of e in turn, so that the DataLoader's batch n (batch_size local_batch()) is that
+/// trainer's part of step n. Resuming at global step `first_step` (a checkpoint's), the epoch it
+/// falls in starts there (fewer indices that epoch; size() is a whole epoch's).
+class TrainerSampler : public nodal::data::Sampler {
+ public:
+  TrainerSampler(const Plan& plan, int trainer, std::int64_t first_step = 0);
+  std::vector<std::int64_t> indices(std::int64_t epoch) const override;
+  std::int64_t size() const override;
+
+ private:
+  Plan plan_;
+  int trainer_;
+  std::int64_t first_step_;
+};
 
 }  // namespace fashion_mnist

@@ -55,11 +55,11 @@ float DataParallelTrainer::learning_rate(std::int64_t step) const {
   return static_cast<float>(learning_rate_ * 0.5 * (1 + std::cos(std::numbers::pi * progress)));
 }
 
-float DataParallelTrainer::step(std::int64_t step, const Batch& batch, StepTimes& times) {
+float DataParallelTrainer::step(std::int64_t step, const nodal::data::Batch& batch, StepTimes& times) {
   const auto start = Clock::now();
   const std::size_t stride = row_floats();
-  const float* images = batch.images.data_ptr<float>();
-  const std::int32_t* labels = batch.labels.data_ptr<std::int32_t>();
+  const float* images = batch["image"].data_ptr<float>();
+  const std::int32_t* labels = batch["label"].data_ptr<std::int32_t>();
   for (std::size_t k = 0; k < shard_rows_.size(); ++k) {
     const std::size_t offset = k * plan_.shard_size;
     float* row = shard_rows_[k];

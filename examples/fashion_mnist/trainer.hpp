@@ -21,6 +21,7 @@
 #pragma once
 
 #include <nodal/communicator.hpp>
+#include <nodal/data/sample.hpp>
 #include <nodal/tensor.hpp>
 
 #include <cstddef>
@@ -28,7 +29,6 @@
 
 #include <Eigen/Core>
 
-#include "loader.hpp"
 #include "mlp.hpp"
 #include "options.hpp"
 #include "plan.hpp"
@@ -37,7 +37,7 @@ namespace fashion_mnist {
 
 /// Seconds one trainer spent in each part of its steps.
 struct StepTimes {
-  double load = 0;     ///< waiting for batches from the loaders
+  double load = 0;     ///< waiting for batches from the DataLoader's workers
   double compute = 0;  ///< forward, backward, shard sum, SGD update
   double comm = 0;     ///< the gradient allreduce (including waiting for slower trainers)
 };
@@ -49,10 +49,10 @@ class DataParallelTrainer {
   /// back; the sums are the same bits, see above).
   DataParallelTrainer(const Plan& plan, const Options& options, nodal::Communicator comm, nodal::Device device);
 
-  /// SGD step `step` (global, from 0) on this trainer's part of the global batch; returns the
-  /// global batch's mean loss (the same on every trainer). Adds its compute and communication
-  /// time to `times`.
-  float step(std::int64_t step, const Batch& batch, StepTimes& times);
+  /// SGD step `step` (global, from 0) on this trainer's part of the global batch (FashionTrain's:
+  /// "image" f32 [local_batch, 784], "label" i32 [local_batch]); returns the global batch's mean
+  /// loss (the same on every trainer). Adds its compute and communication time to `times`.
+  float step(std::int64_t step, const nodal::data::Batch& batch, StepTimes& times);
 
   /// The learning rate of global step `step`: cosine decay from --lr to 0 over the run (Loshchilov
   /// and Hutter, "SGDR", 2017, without restarts), which ends training in a flat minimum rather

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-/// Processes whose command line mentions `text` (the job's ranks and their loader children carry
+/// Processes whose command line mentions `text` (the job's ranks and their DataLoader workers carry
 /// the test's own directory in their arguments). Zombies have no command line and do not count.
 std::vector<pid_t> processes_mentioning(const std::string& text) {
   std::vector<pid_t> found;
@@ -38,7 +38,7 @@ std::vector<pid_t> processes_mentioning(const std::string& text) {
   return found;
 }
 
-class FailureDrill : public ::testing::TestWithParam<std::string> {  // who crashes: trainer or loader
+class FailureDrill : public ::testing::TestWithParam<std::string> {  // who crashes: trainer or dataset
  protected:
   void SetUp() override {
     if (!have_fashion_mnist_data()) {
@@ -83,9 +83,12 @@ TEST_P(FailureDrill, TheCrashIsReportedAndNothingIsLeftBehind) {
   if (GetParam() == "trainer") {
     EXPECT_TRUE(contains(r.err, "std::runtime_error: failure drill: trainer rank 1 crashes at step 5")) << r.err;
   } else {
-    // The loader is a nodal::spawn child of trainer 1, which fails with the child's error.
-    EXPECT_TRUE(contains(r.err, "nodal::ProcessRaisedError")) << r.err;
-    EXPECT_TRUE(contains(r.err, "failure drill: loader 0 of trainer 1 crashes at step 5")) << r.err;
+    // The dataset throws in a DataLoader worker of trainer 1, whose next() rethrows it, naming the
+    // worker and the sample.
+    EXPECT_TRUE(contains(r.err, "nodal::ProcessRaisedError: process ")) << r.err;
+    EXPECT_TRUE(contains(r.err, "(DataLoader worker 0, loading sample ")) << r.err;
+    EXPECT_TRUE(contains(r.err, "failure drill: the dataset of trainer 1 fails on sample ")) << r.err;
+    EXPECT_TRUE(contains(r.err, " at step 5")) << r.err;
   }
   EXPECT_TRUE(contains(r.err, "stopped 1 other rank(s)")) << r.err;
 
@@ -98,7 +101,7 @@ TEST_P(FailureDrill, TheCrashIsReportedAndNothingIsLeftBehind) {
   EXPECT_TRUE(fs::is_empty(dir_ / "shm")) << "the job's arena file is left in " << (dir_ / "shm");
 }
 
-INSTANTIATE_TEST_SUITE_P(Crashing, FailureDrill, ::testing::Values("trainer", "loader"));
+INSTANTIATE_TEST_SUITE_P(Crashing, FailureDrill, ::testing::Values("trainer", "dataset"));
 
 /// The weights fingerprint the summary prints ("" when it is missing).
 std::string fingerprint_of(const std::string& out) {

@@ -35,7 +35,7 @@ class FashionMnist : public ::testing::Test {
 };
 
 // 2 epochs of 8 steps of 256 samples: 4 shards of 64, shared 4, 2 or 1 at a time. The 2-trainer run
-// has 2 loaders each (children), the 4-trainer run its loaders as ranks: neither may matter.
+// has 2 DataLoader workers each, the others 1: neither may matter.
 TEST_F(FashionMnist, OneTwoAndFourTrainersReachBitwiseIdenticalWeights) {
   TempDir dir("nodal-fashion-mnist");
   auto train = [&](std::vector<std::string> launch, std::vector<std::string> job, const std::string& name) {
@@ -52,8 +52,8 @@ TEST_F(FashionMnist, OneTwoAndFourTrainersReachBitwiseIdenticalWeights) {
     return read_file(weights);
   };
   const std::string one = train({"-n", "1"}, {}, "one");
-  const std::string two = train({"-n", "2"}, {"--loaders", "2"}, "two");
-  const std::string four = train({"-n", "8"}, {"--loader-ranks"}, "four");
+  const std::string two = train({"-n", "2"}, {"--num-workers", "2"}, "two");
+  const std::string four = train({"-n", "4"}, {}, "four");
   const std::string other_seed = train({"-n", "1"}, {"--seed", "2"}, "other-seed");
   ASSERT_EQ(one.size(), 235146 * sizeof(float));  // 784*256+256 + 256*128+128 + 128*10+10
   EXPECT_EQ(first_difference(one, two), "equal");

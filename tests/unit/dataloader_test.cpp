@@ -9,6 +9,7 @@
 // come after those skip, saying so.
 #include <nodal/cuda.hpp>
 #include <nodal/data/dataloader.hpp>
+#include <nodal/data/worker_info.hpp>
 #include <nodal/detail/forkserver.hpp>
 #include <nodal/detail/gpu.hpp>
 #include <nodal/detail/storage.hpp>
@@ -259,6 +260,56 @@ TEST_P(DataLoaderWorkers, WorkerInitFnGetsEachWorkersSeed) {
     // Base seed + epoch * workers + worker id: the epoch's new workers get new seeds.
     EXPECT_EQ(seeds, (std::set<std::int64_t>{100 + 2 * epoch, 101 + 2 * epoch})) << "epoch " << epoch;
   }
+}
+
+/// Sample i's "id", "workers" and "epoch" are what worker_info() said while it was made (-1: nullopt).
+class WhoMadeIt : public Dataset {
+ public:
+  explicit WhoMadeIt(std::int64_t size) : size_(size) {}
+  std::int64_t size() const override { return size_; }
+  Sample get(std::int64_t index) override {
+    const std::optional<WorkerInfo> info = worker_info();
+    Sample s;
+    s.add("id", std::int64_t{info ? info->id : -1})
+        .add("workers", std::int64_t{info ? info->num_workers : -1})
+        .add("epoch", info ? info->epoch : -1)
+        .add("i", index);
+    return s;
+  }
+
+ private:
+  std::int64_t size_;
+};
+
+std::set<std::vector<std::int64_t>> who_made(DataLoader& loader) {
+  std::set<std::vector<std::int64_t>> out;
+  for (const Batch& batch : loader) {
+    for (std::int64_t k = 0; k < batch.rows(); ++k) {
+      out.insert({batch["id"].data_ptr<std::int64_t>()[k], batch["workers"].data_ptr<std::int64_t>()[k],
+                  batch["epoch"].data_ptr<std::int64_t>()[k]});
+    }
+  }
+  return out;
+}
+
+TEST(DataLoaderInline, WorkerInfoIsNulloptInTheCallingProcess) {
+  EXPECT_FALSE(worker_info().has_value());
+  DataLoader loader(std::make_shared<WhoMadeIt>(6), {.batch_size = 2});
+  EXPECT_EQ(who_made(loader), (std::set<std::vector<std::int64_t>>{{-1, -1, -1}}));
+}
+
+TEST_P(DataLoaderWorkers, WorkerInfoNamesTheWorkerAndTheEpochEvenInPersistentWorkers) {
+  DataLoader persistent(std::make_shared<WhoMadeIt>(12),
+                        options({.batch_size = 2, .num_workers = 2, .persistent_workers = true}));
+  DataLoader per_epoch(std::make_shared<WhoMadeIt>(12), options({.batch_size = 2, .num_workers = 2}));
+  persistent.set_epoch(5);
+  per_epoch.set_epoch(5);
+  for (std::int64_t epoch = 5; epoch < 8; ++epoch) {
+    const std::set<std::vector<std::int64_t>> expected{{0, 2, epoch}, {1, 2, epoch}};
+    EXPECT_EQ(who_made(persistent), expected) << "epoch " << epoch;
+    EXPECT_EQ(who_made(per_epoch), expected) << "epoch " << epoch;
+  }
+  EXPECT_FALSE(worker_info().has_value()) << "the trainer is no worker";
 }
 
 void refuse_to_start(int worker, std::uint64_t) {

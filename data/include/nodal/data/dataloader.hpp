@@ -13,6 +13,7 @@
 #include <nodal/data/dataset.hpp>
 #include <nodal/data/sample.hpp>
 #include <nodal/data/sampler.hpp>
+#include <nodal/data/worker_info.hpp>
 #include <nodal/spawn.hpp>
 
 #include <chrono>

@@ -9,9 +9,11 @@ namespace nodal::data {
 class Sampler {
  public:
   virtual ~Sampler() = default;
-  /// The indices of one epoch, in order. The same epoch gives the same indices.
+  /// The indices of one epoch, in order. The same epoch gives the same indices. An epoch may
+  /// have fewer than size() (a sampler that resumes in the middle of one, say): the DataLoader
+  /// makes the batches of the indices it gets.
   virtual std::vector<std::int64_t> indices(std::int64_t epoch) const = 0;
-  /// How many indices an epoch has (the same every epoch).
+  /// How many indices a whole epoch has (DataLoader::size() counts batches from it).
   virtual std::int64_t size() const = 0;
 };
 
