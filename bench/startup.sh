@@ -11,12 +11,18 @@
 # the drift. Each run is timed by startup_timer (spawn to exit, CLOCK_MONOTONIC); the floor it
 # adds is reported as "startup_timer -- /bin/true".
 #
+# MPI programs: tests/programs/mpi_program.c's hello (MPI_Init, an allreduce, a bcast, a ring of
+# sends, MPI_Finalize), built here with mpicc.mpich and mpicc.openmpi, for N in 2 8: the MPICH
+# build under nodalrun (its PMI-1 server) and mpiexec.hydra, the Open MPI build under nodalrun
+# (its PMIx server) and mpirun.openmpi, interleaved the same way.
+#
 # Failure latency: `nodalrun -n N --grace 1 failure_latency DIR` for N in 2 8, REPS times. Rank 0
 # exits 3 after 200 ms; the latency is, from the ranks, max over siblings of (SIGTERM received -
 # rank 0's last clock read), and, from nodalrun, its --report's failure.others_signalled_after_ms.
 #
 # Writes OUT.md (default build/bench/startup.md; also printed), OUT.tsv (every run) and OUT.log
-# (the launchers' output). Needs mpiexec.hydra (Debian: mpich), mpirun.openmpi (openmpi-bin), jq.
+# (the launchers' output). Needs mpiexec.hydra (Debian: mpich), mpirun.openmpi (openmpi-bin), jq,
+# mpicc.mpich (libmpich-dev) and mpicc.openmpi (libopenmpi-dev).
 set -euo pipefail
 
 reps=30
@@ -40,8 +46,9 @@ failure_latency=$(realpath "$build/bench/failure_latency")
 for exe in "$nodalrun" "$timer" "$init_exit" "$failure_latency"; do
   [[ -x $exe ]] || { echo "$0: $exe is missing: cmake --build $build" >&2; exit 1; }
 done
-for tool in mpiexec.hydra mpirun.openmpi jq; do
-  command -v "$tool" >/dev/null || { echo "$0: $tool not found (Debian: apt-get install mpich openmpi-bin jq)" >&2; exit 1; }
+for tool in mpiexec.hydra mpirun.openmpi jq mpicc.mpich mpicc.openmpi; do
+  command -v "$tool" >/dev/null ||
+    { echo "$0: $tool not found (Debian: apt-get install mpich openmpi-bin jq libmpich-dev libopenmpi-dev)" >&2; exit 1; }
 done
 
 mkdir -p "$(dirname "$out")"
@@ -58,6 +65,13 @@ trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 launchers=(nodalrun hydra openmpi)
 declare -A program_path=([true]=/bin/true [init_exit]=$init_exit)
+mpi_source=$(dirname "$0")/../tests/programs/mpi_program.c
+mpicc.mpich -O2 -pthread -o "$work/mpich_hello" "$mpi_source"
+mpicc.openmpi -O2 -pthread -o "$work/ompi_hello" "$mpi_source"
+# MPI program -> the MPI launcher it is compared with
+declare -A mpi_peer=([mpich_hello]=hydra [ompi_hello]=openmpi)
+mpi_programs=(mpich_hello ompi_hello)
+mpi_sizes=(2 8)
 
 # launcher_argv LAUNCHER N: sets argv to the command line that starts N ranks (program not included).
 launcher_argv() {
@@ -118,6 +132,16 @@ for ((rep = 0; rep < reps; rep++)); do
         launcher=${launchers[(i + rep) % ${#launchers[@]}]}
         launcher_argv "$launcher" "$n"
         timed "$launcher/$n/$program" 0 "${argv[@]}" "${program_path[$program]}" || true
+      done
+    done
+  done
+  for n in "${mpi_sizes[@]}"; do
+    for program in "${mpi_programs[@]}"; do
+      pair=(nodalrun "${mpi_peer[$program]}")
+      for ((i = 0; i < 2; i++)); do
+        launcher=${pair[(i + rep) % 2]}
+        launcher_argv "$launcher" "$n"
+        timed "$launcher/$n/$program" 0 "${argv[@]}" "$work/$program" hello || true
       done
     done
   done
@@ -189,6 +213,24 @@ cell() {  # cell KEY: "median (p10-p90)" in ms, and the bad runs if any
   echo "Floor: \`startup_timer -- /bin/true\` (one process, no launcher) $(cell floor/1/true) ms."
   echo "Target: nodalrun / hydra <= 0.50 for 2 x /bin/true. Under the MPI launchers init_exit runs as a"
   echo "nodal singleton. mpirun.openmpi runs with --oversubscribe --mca odls_base_num_threads 0."
+  echo
+  echo "## MPI programs: ms from spawn to exit of the launcher, median (p10-p90) of $reps runs"
+  echo
+  echo "hello: MPI_Init, MPI_Allreduce, MPI_Bcast, a ring of MPI_Send/MPI_Recv, MPI_Finalize; nodalrun serves"
+  echo "MPICH's wire-up with PMI-1 and Open MPI's with PMIx (\`--mpi auto\`, the default)."
+  echo
+  echo "| program | N | nodalrun | its MPI launcher | nodalrun / that launcher |"
+  echo "|---|---:|---:|---:|---:|"
+  for program in "${mpi_programs[@]}"; do
+    peer=${mpi_peer[$program]}
+    for n in "${mpi_sizes[@]}"; do
+      ratio=$(awk -v a="${med_[nodalrun/$n/$program]:-0}" -v b="${med_[$peer/$n/$program]:-0}" \
+                  'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+      name=mpiexec.hydra
+      [[ $peer == openmpi ]] && name=mpirun.openmpi
+      echo "| $program | $n | $(cell "nodalrun/$n/$program") | $name $(cell "$peer/$n/$program") | $ratio |"
+    done
+  done
   echo
   echo "## Failure detection: rank 0 exits 3, ms until the other ranks are told (nodalrun --grace 1)"
   echo

@@ -11,7 +11,7 @@ packages=(
   libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libeigen3-dev zlib1g-dev
-  mpich openmpi-bin libgloo-dev libmpich-dev libopenmpi-dev python3
+  mpich openmpi-bin libgloo-dev libmpich-dev libopenmpi-dev libpmix-dev python3
   dataset-fashion-mnist
   gnuplot-nox hyperfine jq
 )

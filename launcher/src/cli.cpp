@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "pmi/pmix_host.hpp"
 #include "program_error.hpp"
 
 namespace nodal::launcher {
@@ -215,6 +216,12 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
   values.add("--max-restarts", "N", options.max_restarts,
              fmt::format("a number of restarts from 0 to {}", kMaxRestarts),
              "when a rank fails, stop the job and start it again, up to N times", whole_number(0, kMaxRestarts));
+  CLI::Option* mpi = values.add_choice(
+      "--mpi", options.mpi,
+      {{"auto", MpiSupport::automatic}, {"pmi1", MpiSupport::pmi1}, {"pmix", MpiSupport::pmix},
+       {"none", MpiSupport::none}},
+      "serve MPI programs' wire-up so their ranks form one job: PMI-1 (MPICH), PMIx (Open MPI), auto (default: "
+      "both) or none");
   app.add_flag("-v,--verbose", options.verbose, "print the set-up steps and their timings");
 
   try {
@@ -231,6 +238,17 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
   if (ranks_per_gpu->count() > 0 && !options.gpus) throw UsageError("--ranks-per-gpu needs --gpus");
   if (stall_action->count() > 0 && stall_timeout->count() == 0) {
     throw UsageError("--stall-action needs --stall-timeout");
+  }
+  if (options.mpi == MpiSupport::pmix && !pmix_built()) {
+    throw UsageError("--mpi pmix: this nodalrun was built without libpmix (Debian: libpmix-dev); --mpi pmi1 serves MPICH");
+  }
+  if (options.start_method == StartMethod::forkserver) {
+    if (mpi->count() > 0 && options.mpi != MpiSupport::none && options.mpi != MpiSupport::automatic) {
+      throw UsageError(
+          "--mpi pmi1|pmix needs --start-method spawn: an MPI program's ranks are exec'd, not forked by "
+          "nodal::init()");
+    }
+    options.mpi = MpiSupport::none;
   }
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--") options.command.erase(options.command.begin());

@@ -30,7 +30,8 @@ struct RankRecord {
   std::unique_ptr<LineTagger> err;
 };
 
-enum class FailureKind { exit, signal, exception, timeout, zygote, launch, stall };
+/// mpi: the MPI wire-up says the job failed (MPI_Abort, an exit without MPI_Finalize, ...).
+enum class FailureKind { exit, signal, exception, timeout, zygote, launch, stall, mpi };
 
 /// nodalrun's exit code when --timeout ends the job.
 inline constexpr int kTimeoutExitCode = 124;

@@ -37,6 +37,9 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   }
   if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
   if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
+  // Only what the rank is given crosses exec: libraries' descriptors opened without
+  // close-on-exec (libpmix's accepted client sockets) stay behind.
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
   for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
   if (spec.cpuset) ::sched_setaffinity(0, sizeof(cpu_set_t), spec.cpuset);
   ::execve(spec.program.c_str(), argv, envp);

@@ -14,6 +14,8 @@ enum class StartMethod { spawn, forkserver };
 enum class BindTo { automatic, none, core, numa };
 /// What nodalrun does once --stall-timeout finds the job stalled, after printing what each rank waits for.
 enum class StallAction { fail, report };
+/// --mpi: the MPI wire-up protocols the ranks are offered (pmi/mpi_wireup.hpp); automatic: both.
+enum class MpiSupport { automatic, pmi1, pmix, none };
 
 /// The most ranks one nodalrun starts; beyond it a typo (-n 10000) is likelier than intent.
 inline constexpr int kMaxRanks = 1024;
@@ -47,6 +49,9 @@ struct Options {
   /// --max-restarts N (0 to kMaxRestarts): a failed job is stopped and started again up to N times.
   int max_restarts = 0;
   bool verbose = false;  ///< --verbose, -v: print the set-up steps with their timings
+  /// --mpi auto|pmi1|pmix|none: serve MPI programs' wire-up (spawn start method only: an MPI
+  /// program is exec'd per rank; auto is none under forkserver, pmi1 and pmix a usage error).
+  MpiSupport mpi = MpiSupport::automatic;
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

@@ -33,6 +33,7 @@ const char* kind_name(FailureKind kind) {
     case FailureKind::zygote: return "forkserver";
     case FailureKind::launch: return "launch";
     case FailureKind::stall: return "stall";
+    case FailureKind::mpi: return "mpi";
   }
   return "unknown";
 }

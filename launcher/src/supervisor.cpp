@@ -48,6 +48,7 @@ constexpr std::uint64_t kTagTimeout = 3;
 constexpr std::uint64_t kTagGrace = 4;
 constexpr std::uint64_t kTagWatch = 5;
 constexpr std::uint64_t kTagStreamBase = 16;  ///< + index into streams_
+constexpr std::uint64_t kTagMpiBase = std::uint64_t{1} << 40;  ///< + index into mpi_->fds()
 constexpr std::size_t kLastStderrLines = 10;
 /// After the last rank is reaped, how long a pipe still held open by a rank's own child may
 /// keep nodalrun waiting for the rest of the output.
@@ -74,6 +75,13 @@ int free_port() {
   }
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+/// Sets NAME=VALUE in `env`, replacing an entry of the same name.
+void set_environment(std::vector<std::string>& env, std::string entry) {
+  const std::string_view name = std::string_view(entry).substr(0, entry.find('=') + 1);  // with the '='
+  std::erase_if(env, [&](const std::string& e) { return e.starts_with(name); });
+  env.push_back(std::move(entry));
 }
 
 int make_timer() {
@@ -206,6 +214,12 @@ void Supervisor::set_up() {
   step = Clock::now();
   placement_ = place_ranks(options_.nprocs, options_.bind_to);
   note("placement (hwloc topology, --bind-to)", step);
+  if (options_.mpi != MpiSupport::none) {
+    step = Clock::now();
+    mpi_ = std::make_unique<MpiWireUp>(options_.mpi, job_id_, options_.nprocs);
+    for (std::size_t i = 0; i < mpi_->fds().size(); ++i) watch(mpi_->fds()[i], kTagMpiBase + i);
+    note("MPI wire-up servers started (--mpi)", step);
+  }
   ranks_.resize(options_.nprocs);
   for (int r = 0; r < options_.nprocs; ++r) {
     ranks_[r].rank = r;
@@ -277,6 +291,11 @@ void Supervisor::open_rank_pipes(RankRecord& rank, int& out_write, int& err_writ
 
 void Supervisor::start_spawn() {
   std::vector<std::string> env = base_environment();
+  if (mpi_) {
+    // The wire-up a rank finds is nodalrun's alone: not an outer launcher's (nodalrun itself
+    // started by srun --mpi=pmix or mpirun), whose PMI_/PMIX_ variables would point elsewhere.
+    std::erase_if(env, [](const std::string& e) { return e.starts_with("PMI_") || e.starts_with("PMIX_"); });
+  }
   std::vector<std::pair<int, int>> write_ends;
   for (RankRecord& rank : ranks_) {
     int out = -1, err = -1;
@@ -295,12 +314,17 @@ void Supervisor::start_spawn() {
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
     spec.inherit_fds = {arena_->fd()};
+    if (mpi_) {
+      for (std::string& entry : mpi_->environment(rank.rank)) set_environment(spec.env, std::move(entry));
+      for (int fd : mpi_->inherited_fds(rank.rank)) spec.inherit_fds.push_back(fd);
+    }
     spec.cpuset = rank.cpuset ? &*rank.cpuset : nullptr;
     rank.started = Clock::now();
     rank.pid = launch(spec);
     ::close(write_ends[rank.rank].first);
     ::close(write_ends[rank.rank].second);
   }
+  if (mpi_) mpi_->ranks_started();
 }
 
 void Supervisor::start_forkserver() {
@@ -414,7 +438,11 @@ void Supervisor::loop() {
     bool child_exited = false;
     for (int i = 0; i < n; ++i) {
       std::uint64_t tag = events[i].data.u64;
-      if (tag >= kTagStreamBase) on_output(tag - kTagStreamBase);
+      if (tag >= kTagMpiBase) {
+        on_mpi(tag - kTagMpiBase);
+      } else if (tag >= kTagStreamBase) {
+        on_output(tag - kTagStreamBase);
+      }
     }
     for (int i = 0; i < n; ++i) {
       switch (events[i].data.u64) {
@@ -565,7 +593,19 @@ void Supervisor::on_child_exits() {
   }
 }
 
+void Supervisor::on_mpi(std::size_t index) {
+  if (std::optional<MpiFailure> failure = mpi_->on_readable(index)) record_mpi_failure(*failure);
+}
+
+void Supervisor::record_mpi_failure(const MpiFailure& failure) {
+  const RankRecord& rank = ranks_[failure.rank];
+  record_failure({FailureKind::mpi, failure.rank, rank.pid, Clock::now(), failure.exit_code, 0, false, failure.detail});
+}
+
 void Supervisor::on_rank_exit(RankRecord& rank, int status) {
+  if (mpi_) {
+    if (std::optional<MpiFailure> failure = mpi_->on_rank_exit(rank.rank, status == 0)) record_mpi_failure(*failure);
+  }
   if (status == 0) return;
   // Our own SIGKILL (after the grace, or a second SIGINT) is how the job ended, not a new failure.
   if (rank.killed_after_grace && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return;

@@ -13,6 +13,7 @@
 #include "job.hpp"
 #include "options.hpp"
 #include "placement.hpp"
+#include "pmi/mpi_wireup.hpp"
 #include "report.hpp"
 #include "shm_guard.hpp"
 #include "stall_watch.hpp"
@@ -67,6 +68,8 @@ class Supervisor {
   void on_output(std::size_t stream_index);
   void on_rank_exit(RankRecord& rank, int status);
   void on_zygote_exit(int status);
+  void on_mpi(std::size_t index);
+  void record_mpi_failure(const MpiFailure& failure);
   void on_watch_tick();
   void record_failure(Failure failure);
   void stop_ranks();
@@ -102,6 +105,7 @@ class Supervisor {
   int grace_fd_ = -1;
   int watch_fd_ = -1;  ///< the stall watch's tick (--stall-timeout, or a diagnosis under way)
   std::unique_ptr<StallWatch> stall_watch_;
+  std::unique_ptr<MpiWireUp> mpi_;  ///< --mpi (spawn start method only)
   bool fail_after_diagnosis_ = false;  ///< the diagnosis under way is of a stall to fail the job for
   std::unique_ptr<ShmGuard> shm_guard_;  ///< file_system strategy only; declared before the arena
   std::unique_ptr<Arena> arena_;

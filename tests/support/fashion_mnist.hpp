@@ -1,4 +1,4 @@
-// What the Fashion-MNIST example's tests share: the program, its data, a scratch directory.
+// What the Fashion-MNIST example's tests share: the program, its data (and temp_dir.hpp).
 #pragma once
 
 #include <stdlib.h>
@@ -12,6 +12,8 @@
 #include <string>
 #include <system_error>
 #include <utility>
+
+#include "temp_dir.hpp"
 
 namespace nodal::testing {
 
@@ -81,27 +83,5 @@ inline void write_synthetic_fashion_mnist(const std::string& dir) {
     write(std::string(prefix) + "-labels-idx1-ubyte.gz", labels);
   }
 }
-
-/// A fresh directory, removed with everything in it when the object goes.
-class TempDir {
- public:
-  explicit TempDir(const std::string& prefix) {
-    std::string name = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    if (::mkdtemp(name.data()) == nullptr) throw std::system_error(errno, std::generic_category(), "mkdtemp");
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 }  // namespace nodal::testing

@@ -210,5 +210,15 @@ TEST(ResolveProgram, FindsOnPathAndClassifiesFailures) {
   }
 }
 
+TEST(CommandLine, MpiWireUp) {
+  EXPECT_EQ(parse({"-n", "2", "./a.out"}).mpi, MpiSupport::automatic);
+  EXPECT_EQ(parse({"-n", "2", "--mpi", "pmi1", "./a.out"}).mpi, MpiSupport::pmi1);
+  EXPECT_EQ(parse({"-n", "2", "--mpi", "none", "./a.out"}).mpi, MpiSupport::none);
+  EXPECT_THROW(parse({"-n", "2", "--mpi", "pmi2", "./a.out"}), UsageError);
+  // forkserver ranks are forked by nodal::init(), never an MPI program: auto means none there.
+  EXPECT_EQ(parse({"-n", "2", "--start-method", "forkserver", "./a.out"}).mpi, MpiSupport::none);
+  EXPECT_THROW(parse({"-n", "2", "--start-method", "forkserver", "--mpi", "pmi1", "./a.out"}), UsageError);
+}
+
 }  // namespace
 }  // namespace nodal::launcher
