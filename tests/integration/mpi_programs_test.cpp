@@ -123,6 +123,17 @@ TEST_P(MpiPrograms, MpiAbortsCodeIsTheExitCodeWithTheRankNamed) {
   expect_nothing_left();
 }
 
+TEST_P(MpiPrograms, ARestartedJobIsWiredUpAgain) {
+  // Each attempt wires up anew (the PMIx server outlives the first attempt, PMIx 4.2 cannot start
+  // a second one): the second attempt's ranks reach MPI_Abort too.
+  ChildResult r = run_job(2, {"abort", "1", "7"}, {"--max-restarts", "1"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "nodalrun: restarting the job (restart 1 of 1)")) << r.err;
+  EXPECT_EQ(count_lines(r.err, "rank 1 \\(pid [0-9]+\\) failed first.*called MPI_Abort with error code 7"), 2) << r.err;
+  expect_nothing_left();
+}
+
 TEST_P(MpiPrograms, ASigkilledRankEndsTheJobWithinASecond) {
   ChildResult r = run_job(3, {"kill", "2"});
   const double ended = realtime_now();

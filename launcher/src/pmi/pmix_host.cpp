@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -227,21 +228,25 @@ std::string g_hostname;  // the node's name for PMIx and in every job's maps
 
 /// The node's topology for PMIx_server_init (PMIX_TOPOLOGY2), or nullptr if hwloc fails (PMIx
 /// then discovers its own). Without one, PMIx_server_init discovers it with I/O objects
-/// (src/hwloc/pmix_hwloc.c: HWLOC_TYPE_FILTER_KEEP_IMPORTANT), which was ~12.5 of the first
-/// PmixHost's ~14.5 ms here: hwloc dlopen()s its plugins (libxml2, OpenCL, GL and X11,
+/// (src/hwloc/pmix_hwloc.c: HWLOC_TYPE_FILTER_KEEP_IMPORTANT), which was ~13 of the first
+/// PmixHost's ~15 ms here: hwloc dlopen()s its plugins (libxml2, OpenCL, GL and X11,
 /// libpciaccess), reads every PCI device's config space and walks /sys's block and net devices.
-/// A one-node job's server uses none of it: in PMIx 4.2 only the pnet components look at I/O
-/// objects (vendor checks for the fabric setup a host asks for with
-/// PMIx_server_setup_application, which nodalrun does not call), and the clients discover their
-/// own topology (the server does not share its: no PMIX_SERVER_SHARE_TOPOLOGY). So: the topology
+/// A one-node job's server uses none of it: in PMIx 4.2 only the pnet components (vendor checks
+/// for the fabric setup a host asks for with PMIx_server_setup_application, which nodalrun does
+/// not call) and device distances a client asks the server for (Open MPI 4.1 asks none) look at
+/// I/O objects, and the clients discover their own topology (the server does not share its: no
+/// PMIX_SERVER_SHARE_TOPOLOGY; what a client can PMIx_Get is unchanged). So: the topology
 /// without I/O objects, loaded as placement.cpp loads nodalrun's (plugins kept out unless the
 /// user chose a list, no x86 cpuid pass), ~0.5 ms. PMIx keeps the pointer for the server's life
 /// (an "external" topology, which it never destroys), so it is never destroyed here either.
 pmix_topology_t* server_topology() {
   static char source[] = "hwloc";
   static pmix_topology_t topology{source, nullptr};
+  if (topology.topology) return &topology;  // loaded for a PMIx_server_init that failed
   const bool had_blacklist = std::getenv("HWLOC_PLUGINS_BLACKLIST") != nullptr;
-  if (!had_blacklist) ::setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml,hwloc_cuda,hwloc_nvml,hwloc_rsmi,hwloc_levelzero", 1);
+  if (!had_blacklist)
+    ::setenv("HWLOC_PLUGINS_BLACKLIST",
+             "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml,hwloc_cuda,hwloc_nvml,hwloc_rsmi,hwloc_levelzero", 1);
   hwloc_topology_t raw = nullptr;
   const int rc = hwloc_topology_init(&raw);
   if (!had_blacklist) ::unsetenv("HWLOC_PLUGINS_BLACKLIST");
@@ -255,6 +260,25 @@ pmix_topology_t* server_topology() {
   topology.topology = raw;
   return &topology;
 }
+
+/// NAME=VALUE in this process's environment for its lifetime, unless NAME is set already (the
+/// user's choice stands); then removed again.
+class DefaultEnv {
+ public:
+  DefaultEnv(const char* name, const char* value) : name_(name), set_(std::getenv(name) == nullptr) {
+    if (set_) ::setenv(name, value, 1);
+  }
+  ~DefaultEnv() {
+    if (set_) ::unsetenv(name_);
+  }
+  DefaultEnv(const DefaultEnv&) = delete;
+  DefaultEnv& operator=(const DefaultEnv&) = delete;
+  bool applied() const { return set_; }
+
+ private:
+  const char* name_;
+  bool set_;
+};
 
 void start_server(const std::string& tmpdir) {
   if (g_server_started) return;
@@ -280,7 +304,21 @@ void start_server(const std::string& tmpdir) {
   server.add_bool(PMIX_SERVER_SESSION_SUPPORT, false);
   server.add_bool(PMIX_SERVER_REMOTE_CONNECTIONS, false);
   if (pmix_topology_t* topology = server_topology()) server.add_topology(PMIX_TOPOLOGY2, topology);
-  const pmix_status_t status = PMIx_server_init(&g_module, server.data(), server.size());
+  // Not pcompress/zlib, the one MCA component PMIx_server_init dlopen()s (with libz) that this
+  // server never uses, ~0.1 ms: it compresses only strings over 4096 bytes that this process
+  // PMIx_Put()s (it puts none) and, in preg/compress, the maps of PMIx_generate_regex/ppn, which
+  // then are PMIx's native regex (what 4.2.2 gave a 1200-rank proc map with zlib too:
+  // "pmix[0-1199]"). Without a compressor PMIx's stub warns once (show_help, at the first regex;
+  // its string is never freed, and LeakSanitizer sees no libpmix frame in it): silenced with it.
+  // (prm/slurm, the other DSO, is as idle here but costs nothing measurable.) For the server
+  // only: its MCA parameters are read here, so they are unset again, and the ranks (PMIx
+  // clients, which compress long values they put) do not inherit them.
+  const pmix_status_t status = [&] {
+    DefaultEnv no_zlib("PMIX_MCA_pcompress", "^zlib");
+    std::optional<DefaultEnv> quiet;
+    if (no_zlib.applied()) quiet.emplace("PMIX_MCA_pcompress_base_silence_warning", "1");
+    return PMIx_server_init(&g_module, server.data(), server.size());
+  }();
   if (!ok(status)) fail("PMIx_server_init", status);
   g_server_started = true;
 }
