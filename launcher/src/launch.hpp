@@ -18,7 +18,8 @@ struct LaunchSpec {
   std::vector<std::string> env;       ///< NAME=VALUE, complete
   int stdout_fd = -1;                 ///< becomes fd 1
   int stderr_fd = -1;                 ///< becomes fd 2
-  std::vector<int> inherit_fds;       ///< made inheritable across exec (they are O_CLOEXEC here)
+  /// The descriptors above stderr that cross exec (every other one is closed there).
+  std::vector<int> inherit_fds;
   const cpu_set_t* cpuset = nullptr;  ///< bound before exec when set
 };
 

@@ -313,7 +313,7 @@ void Supervisor::start_spawn() {
     if (gpus_) spec.env.push_back(fmt::format("{}={}", kEnvDevice, gpus_->device_of_rank[rank.rank]));
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
-    spec.inherit_fds = {arena_->fd()};
+    spec.inherit_fds = {arena_->fd(), rank_control_fd_};
     if (mpi_) {
       for (std::string& entry : mpi_->environment(rank.rank)) set_environment(spec.env, std::move(entry));
       for (int fd : mpi_->inherited_fds(rank.rank)) spec.inherit_fds.push_back(fd);
@@ -343,6 +343,7 @@ void Supervisor::start_forkserver() {
     spec.inherit_fds.push_back(err);
   }
   spec.inherit_fds.push_back(arena_->fd());
+  spec.inherit_fds.push_back(rank_control_fd_);
   env.push_back(fmt::format("{}=forkserver", kEnvStartMethod));
   env.push_back(fmt::format("{}={}", kEnvForkserverFds, fd_list));
   env.push_back(fmt::format("{}={}", kEnvForkserverCpus, cpu_list));
