@@ -2,14 +2,9 @@
 // exit with its code, and leave no process and no shared memory behind.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../support/child_process.hpp"
@@ -23,20 +18,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-/// Processes whose command line mentions `text` (the job's ranks and their DataLoader workers carry
-/// the test's own directory in their arguments). Zombies have no command line and do not count.
-std::vector<pid_t> processes_mentioning(const std::string& text) {
-  std::vector<pid_t> found;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (contains(cmdline, text) && std::stoi(name) != ::getpid()) found.push_back(std::stoi(name));
-  }
-  return found;
-}
 
 class FailureDrill : public ::testing::TestWithParam<std::string> {  // who crashes: trainer or dataset
  protected:
@@ -92,11 +73,8 @@ TEST_P(FailureDrill, TheCrashIsReportedAndNothingIsLeftBehind) {
   }
   EXPECT_TRUE(contains(r.err, "stopped 1 other rank(s)")) << r.err;
 
-  std::vector<pid_t> left = processes_mentioning(dir_.path());
-  for (int i = 0; i < 100 && !left.empty(); ++i) {
-    std::this_thread::sleep_for(20ms);
-    left = processes_mentioning(dir_.path());
-  }
+  // The job's ranks and their DataLoader workers carry the test's own directory in their arguments.
+  const std::vector<pid_t> left = survivors_mentioning(dir_.path(), 2s);
   EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the job survived it, first pid " << left.front();
   EXPECT_TRUE(fs::is_empty(dir_ / "shm")) << "the job's arena file is left in " << (dir_ / "shm");
 }

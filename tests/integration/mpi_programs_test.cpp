@@ -10,9 +10,7 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
-#include <iterator>
 #include <regex>
 #include <string>
 #include <thread>
@@ -39,19 +37,6 @@ struct Flavour {
 void PrintTo(const Flavour& flavour, std::ostream* os) { *os << flavour.name; }
 
 std::string flavour_name(const ::testing::TestParamInfo<Flavour>& info) { return info.param.name; }
-
-/// Processes whose command line mentions `text`.
-std::vector<pid_t> processes_mentioning(const std::string& text) {
-  std::vector<pid_t> found;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    const std::string cmdline{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (contains(cmdline, text) && std::stoi(name) != ::getpid()) found.push_back(std::stoi(name));
-  }
-  return found;
-}
 
 double realtime_now() {
   timeval now{};
@@ -82,11 +67,7 @@ class MpiPrograms : public ::testing::TestWithParam<Flavour> {
   /// Nothing of the job runs any more (after a short while for the reaping) and nothing is left
   /// in TMPDIR.
   void expect_nothing_left() {
-    std::vector<pid_t> left = processes_mentioning(marker());
-    for (int i = 0; i < 100 && !left.empty(); ++i) {
-      std::this_thread::sleep_for(20ms);
-      left = processes_mentioning(marker());
-    }
+    const std::vector<pid_t> left = survivors_mentioning(marker(), 2s);
     EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the job survived it, first pid " << left.front();
     EXPECT_TRUE(fs::is_empty(dir_.path())) << "left in TMPDIR: " << fs::directory_iterator(dir_.path())->path();
   }

@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -172,6 +174,27 @@ std::vector<pid_t> ready_pids(const std::string& out) {
   std::vector<pid_t> pids;
   for (auto [rank, pid] : ready_ranks(out)) pids.push_back(pid);
   return pids;
+}
+
+std::vector<pid_t> survivors_mentioning(const std::string& text, std::chrono::milliseconds timeout) {
+  auto mentioning = [&text] {
+    std::vector<pid_t> found;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+      const std::string cmdline{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      if (cmdline.find(text) != std::string::npos && std::stoi(name) != ::getpid()) found.push_back(std::stoi(name));
+    }
+    return found;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<pid_t> left = mentioning();
+  while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = mentioning();
+  }
+  return left;
 }
 
 }  // namespace nodal::testing

@@ -58,6 +58,11 @@ bool process_exists(pid_t pid, bool count_zombies = true);
 /// some still do after the timeout.
 bool wait_until_gone(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout, bool count_zombies = true);
 
+/// Processes (other than this one) whose command line mentions `text`, once none does or after
+/// `timeout`: what a job left running (a test puts a unique word in its ranks' arguments).
+/// Zombies have no command line and do not count.
+std::vector<pid_t> survivors_mentioning(const std::string& text, std::chrono::milliseconds timeout);
+
 /// rank -> pid, as announced by rank_program's "ready <rank> <pid>" lines in tagged output.
 std::map<int, pid_t> ready_ranks(const std::string& out);
 /// The pids of ready_ranks.
