@@ -1,6 +1,5 @@
 #include "pmix_host.hpp"
 
-#include <hwloc.h>
 #include <pmix.h>  // PMIx_Error_string, PMIx_Info_load
 #include <pmix_server.h>
 
@@ -18,6 +17,8 @@
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "../topology.hpp"
 
 namespace nodal::launcher {
 
@@ -235,29 +236,17 @@ std::string g_hostname;  // the node's name for PMIx and in every job's maps
 /// for the fabric setup a host asks for with PMIx_server_setup_application, which nodalrun does
 /// not call) and device distances a client asks the server for (Open MPI 4.1 asks none) look at
 /// I/O objects, and the clients discover their own topology (the server does not share its: no
-/// PMIX_SERVER_SHARE_TOPOLOGY; what a client can PMIx_Get is unchanged). So: the topology
-/// without I/O objects, loaded as placement.cpp loads nodalrun's (plugins kept out unless the
-/// user chose a list, no x86 cpuid pass), ~0.5 ms. PMIx keeps the pointer for the server's life
-/// (an "external" topology, which it never destroys), so it is never destroyed here either.
+/// PMIX_SERVER_SHARE_TOPOLOGY; what a client can PMIx_Get is unchanged). So: nodalrun's own
+/// topology (topology.hpp; already loaded when placement bound the ranks), which PMIx keeps as
+/// an "external" one for the server's life and never destroys.
 pmix_topology_t* server_topology() {
   static char source[] = "hwloc";
   static pmix_topology_t topology{source, nullptr};
-  if (topology.topology) return &topology;  // loaded for a PMIx_server_init that failed
-  const bool had_blacklist = std::getenv("HWLOC_PLUGINS_BLACKLIST") != nullptr;
-  if (!had_blacklist)
-    ::setenv("HWLOC_PLUGINS_BLACKLIST",
-             "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml,hwloc_cuda,hwloc_nvml,hwloc_rsmi,hwloc_levelzero", 1);
-  hwloc_topology_t raw = nullptr;
-  const int rc = hwloc_topology_init(&raw);
-  if (!had_blacklist) ::unsetenv("HWLOC_PLUGINS_BLACKLIST");
-  if (rc != 0) return nullptr;
-  hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_NONE);
-  hwloc_topology_set_components(raw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "x86");
-  if (hwloc_topology_load(raw) != 0) {
-    hwloc_topology_destroy(raw);
+  try {
+    topology.topology = node_topology();
+  } catch (const std::runtime_error&) {
     return nullptr;
   }
-  topology.topology = raw;
   return &topology;
 }
 
