@@ -90,6 +90,16 @@ const CommConfig& comm_config() {
   return config;
 }
 
+std::uint64_t members_hash(const std::vector<int>& ranks, std::string_view salt) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const void* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ULL;
+  };
+  for (int r : ranks) mix(&r, sizeof r);
+  mix(salt.data(), salt.size());
+  return h;
+}
+
 std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, std::vector<int> global_ranks) {
   auto state = std::make_shared<CommState>();
   state->arena = &arena;
@@ -113,6 +123,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
     shared->world_size = static_cast<std::int32_t>(n);
     shared->slot_bytes = slot_bytes;
     shared->cma_min_bytes = state->config.cma_min_bytes;
+    shared->members_hash = members_hash(state->global_ranks);
     auto* progress = reinterpret_cast<Progress*>(static_cast<std::byte*>(where) + header_bytes);
     for (std::size_t r = 0; r < n; ++r) new (&progress[r]) Progress();
   }));
@@ -121,6 +132,11 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
       state->shared->slot_bytes != slot_bytes || state->shared->cma_min_bytes != state->config.cma_min_bytes) {
     throw UsageError(fmt::format("communicator {}: ranks disagree on its size, NODAL_SMALL_MAX_BYTES or "
                                  "NODAL_CMA_MIN_BYTES (set the same environment for every rank)",
+                                 state->name));
+  }
+  if (state->shared->members_hash != members_hash(state->global_ranks)) {
+    throw UsageError(fmt::format("communicator {}: its members list its ranks in different orders (every member "
+                                 "must pass the same ranks in the same order)",
                                  state->name));
   }
   state->progress = reinterpret_cast<Progress*>(base + header_bytes);

@@ -9,8 +9,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nodal::detail {
@@ -96,6 +98,7 @@ struct SharedComm {
   std::int32_t world_size;
   std::uint64_t slot_bytes;
   std::uint64_t cma_min_bytes;
+  std::uint64_t members_hash;  ///< of the members' global ranks in rank order (members_hash())
   WaitWord word;  ///< every flag of the communicator notifies this one word
 };
 
@@ -124,6 +127,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::uint32_t history = 0;        ///< CallHeader::history of the next call
   std::uint64_t history_since = 1;  ///< the first call `history` covers
   int splits = 0;                   ///< split() calls made so far
+  /// create_group() calls made so far, per hash of (set of members, tag).
+  std::map<std::uint64_t, int> groups;
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
   std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
@@ -165,6 +170,10 @@ bool cma_allowed();
 /// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES,
 /// NODAL_CMA_MIN_BYTES), read once.
 const CommConfig& comm_config();
+
+/// FNV-1a over `ranks` in order, then `salt`: equal on every member that lists the same ranks the
+/// same way.
+std::uint64_t members_hash(const std::vector<int>& ranks, std::string_view salt = {}) noexcept;
 
 /// Maps (creating it if this rank is first) the communicator `name` of `global_ranks`, in which
 /// this process is `rank`. Throws ShmError when the arena has no room.

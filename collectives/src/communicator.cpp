@@ -29,6 +29,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace nodal {
 namespace {
@@ -164,6 +165,34 @@ Communicator Communicator::split(int color, int key) const {
   std::vector<int> global;
   for (int j : members) global.push_back(c.global_ranks[j]);
   return Communicator(detail::open_comm(*c.arena, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global)));
+}
+
+Communicator Communicator::create_group(const std::vector<int>& ranks, std::string_view tag) const {
+  auto& c = state();
+  if (ranks.empty()) throw UsageError(fmt::format("create_group on '{}': the list of ranks is empty", c.name));
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= c.size) {
+      throw UsageError(fmt::format("create_group on '{}': {} is not a rank of it (size {})", c.name, sorted[i], c.size));
+    }
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      throw UsageError(fmt::format("create_group on '{}': rank {} is listed twice", c.name, sorted[i]));
+    }
+  }
+  const auto mine = std::find(ranks.begin(), ranks.end(), c.rank);
+  if (mine == ranks.end()) {
+    throw UsageError(fmt::format("create_group on '{}': this rank ({}) is not in the list {}: only members make a group",
+                                 c.name, c.rank, fmt::join(ranks, ",")));
+  }
+  // Named by the set and the tag, so that members listing it in different orders meet in one
+  // communicator, where open_comm tells them apart by the order's hash.
+  const std::uint64_t key = detail::members_hash(sorted, tag);
+  const int index = c.groups[key]++;
+  std::vector<int> global;
+  for (int j : ranks) global.push_back(c.global_ranks[static_cast<std::size_t>(j)]);
+  return Communicator(detail::open_comm(*c.arena, fmt::format("{}/group:{:016x}#{}", c.name, key, index),
+                                        static_cast<int>(mine - ranks.begin()), std::move(global)));
 }
 
 // ---- Raw buffers: check this rank's arguments, then run the call on the shared-memory path. ----

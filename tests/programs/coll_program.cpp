@@ -18,7 +18,8 @@
 //             rotate=1: one variant per (collective, op, dtype, size), taking turns (for big sizes)
 //             total=1: a size counts the whole buffer of allgather, reduce_scatter, gather, scatter
 //             and alltoall (count = size / world_size), so big sizes cost each rank alike
-//   split     sub-communicators: key order, negative colors, nested and overlapping groups, then the
+//   split     sub-communicators: key order, negative colors, nested and overlapping groups, groups
+//             made by their members alone (create_group) and its refusals, then the
 //             matrix (same options) on groups of color rank % 3, all groups at once.
 //   stress    iters=N back-to-back small allreduces, every result checked.
 //   mismatch  mismatched count/dtype/op/root across ranks and invalid arguments: UsageError on every
@@ -1058,6 +1059,59 @@ int split_mode(const nodal::Context& ctx, const Options& o) {
   }
   check_members(nested, expected, r, "nested split");
   checked_allreduce(nested, 5, 17, "nested group");
+
+  // Groups made by their members alone (create_group, MPI_Comm_create_group). Ranks 0 and 1 make a
+  // pair and use it while every other rank goes straight on to the world's allreduce, which then
+  // waits for them: a collective create would deadlock here.
+  Communicator pair;
+  if (n >= 2 && r < 2) {
+    pair = world.create_group({1, 0}, "pair");
+    check_members(pair, {1, 0}, r, "create_group({1, 0})");
+    checked_allreduce(pair, 7, 9, "pair group made by its members");
+  }
+  checked_allreduce(world, 8, 3, "world after the members-only pair");
+  // The even ranks make a group while the odd ranks make theirs, listed in reverse; the same set
+  // twice gives two communicators, used in turn.
+  std::vector<int> mates;
+  for (int j = 0; j < n; ++j) {
+    if (j % 2 == r % 2) mates.push_back(j);
+  }
+  if (r % 2 == 1) std::reverse(mates.begin(), mates.end());
+  Communicator first = world.create_group(mates);
+  Communicator second = world.create_group(mates);
+  check_members(first, mates, r, "create_group(parity)");
+  check_members(second, mates, r, "create_group(parity) again");
+  for (int round = 0; round < 10; ++round) {
+    checked_allreduce(first, 200 + round, 5, "parity group made by its members");
+    checked_allreduce(second, 300 + round, 1 + static_cast<std::size_t>(round), "second parity group");
+  }
+  // Bad lists are refused on the calling rank alone.
+  auto refused = [&](const std::vector<int>& ranks, const char* words, const char* what) {
+    try {
+      (void)world.create_group(ranks, "bad");
+    } catch (const nodal::UsageError& e) {
+      if (std::string(e.what()).find(words) == std::string::npos) fail(format("%s: wrong message: %s", what, e.what()));
+      return;
+    }
+    fail(format("%s: no UsageError", what));
+  };
+  refused({}, "empty", "create_group({})");
+  refused({r, r}, "listed twice", "create_group({r, r})");
+  refused({r, n}, "is not a rank", "create_group({r, n})");
+  if (n >= 2) refused({(r + 1) % n}, "only members make a group", "create_group without this rank");
+  // Members listing one set in different orders: the second to open it gets UsageError.
+  if (n >= 2 && r < 2) {
+    int refusals = 0;
+    try {
+      (void)world.create_group(r == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0}, "order");
+    } catch (const nodal::UsageError& e) {
+      if (std::string(e.what()).find("different orders") == std::string::npos) fail(format("order: %s", e.what()));
+      refusals = 1;
+    }
+    std::int32_t total = refusals;
+    pair.allreduce(&total, &total, 1, DType::i32, ReduceOp::sum);
+    if (total != 1) fail(format("order: %d of the two members got UsageError, expected 1", total));
+  }
 
   // Communicators made and dropped again and again.
   for (int i = 0; i < 8; ++i) {

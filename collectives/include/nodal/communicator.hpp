@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nodal {
@@ -100,6 +101,16 @@ class Communicator {
   /// (key, this communicator's rank); ranks passing a negative color get an invalid one
   /// (MPI_Comm_split with MPI_UNDEFINED). Throws ShmError when the arena has no room.
   Communicator split(int color, int key) const;
+  /// Made by the members alone, not a collective call of this communicator (MPI_Comm_create_group's
+  /// semantics; what torch.distributed.new_group needs, whose backend is made in the member ranks
+  /// only). `ranks` are ranks of this communicator, distinct, listed in the new communicator's rank
+  /// order, this rank among them. Every member passes the same `ranks` and `tag`: the k-th group a
+  /// member makes with a given (set of ranks, tag) is the k-th of every other member. Members that
+  /// list the same ranks in different orders get UsageError from this call; members whose lists
+  /// hold different ranks wait for each other in their first collective call, as in MPI (an
+  /// erroneous program: nodalrun's --stall-timeout names it). Throws UsageError for a bad list
+  /// (empty, out of range, repeated, without this rank), ShmError when the arena has no room.
+  Communicator create_group(const std::vector<int>& ranks, std::string_view tag = {}) const;
 
   // ---- Raw buffers: count elements of dtype at each pointer (count may be 0). ----
 
