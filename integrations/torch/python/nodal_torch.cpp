@@ -1,0 +1,54 @@
+// The Python module nodal_torch: importing it registers the "nodal" backend with
+// torch.distributed (Backend.register_backend, extended API: the creator learns the group's global
+// ranks, which a subgroup needs), so that `dist.init_process_group("nodal")` and
+// `dist.new_group(ranks, backend="nodal")` make ProcessGroupNodal. Also nodal_torch.empty_shared.
+#include <nodal/torch/arena_tensor.hpp>
+#include <nodal/torch/process_group_nodal.hpp>
+
+#include <torch/python.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+using nodal::torch_backend::ProcessGroupNodal;
+
+namespace {
+
+/// Backend.register_backend's creator with extended_api=True: `options` is torch's
+/// _DistributedBackendOptions (store, group_rank, group_size, timeout, group_id,
+/// global_ranks_in_group); `pg_options` is unused.
+c10::intrusive_ptr<ProcessGroupNodal> create(const py::object& options, const py::object& /*pg_options*/) {
+  const int group_rank = options.attr("group_rank").cast<int>();
+  const int group_size = options.attr("group_size").cast<int>();
+  const auto global_ranks = options.attr("global_ranks_in_group").cast<std::vector<std::int64_t>>();
+  const auto group_id = options.attr("group_id").cast<std::string>();
+  py::gil_scoped_release no_gil;  // joining the job may wait on nodalrun
+  return ProcessGroupNodal::create(group_rank, group_size, global_ranks, group_id);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(nodal_torch, m) {
+  m.doc() = "nodal's collectives as a torch.distributed backend: import nodal_torch, then "
+            "torch.distributed.init_process_group('nodal') in ranks started by nodalrun";
+  auto dist = py::module_::import("torch.distributed");
+  py::class_<ProcessGroupNodal, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupNodal>>(m, "ProcessGroupNodal")
+      .def("name", &ProcessGroupNodal::getBackendName)
+      .def("algorithm", [](const ProcessGroupNodal& pg) { return pg.communicator().last_algorithm(); },
+           "The algorithm nodal's last call took (\"small\", \"pipelined\", \"in_place\", \"cma\").");
+  m.def("_create", &create, py::arg("options"), py::arg("pg_options"));
+  m.def(
+      "empty_shared",
+      [](const std::vector<std::int64_t>& sizes, py::object dtype) {
+        const auto type = torch::python::detail::py_object_to_dtype(dtype);
+        py::gil_scoped_release no_gil;
+        return nodal::torch_backend::empty_shared(sizes, type);
+      },
+      py::arg("size"), py::arg("dtype"),
+      "An uninitialised CPU tensor in nodal's job arena, which nodal's collectives read and write in place.");
+  auto backend = dist.attr("Backend");
+  if (!py::hasattr(backend, "NODAL")) {
+    backend.attr("register_backend")("nodal", m.attr("_create"), py::arg("extended_api") = true);
+  }
+}
