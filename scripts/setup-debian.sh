@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdlpack-dev libeigen3-dev zlib1g-dev
   mpich openmpi-bin libgloo-dev libmpich-dev libopenmpi-dev libpmix-dev python3
+  python3-dev python3-torch libtorch-dev pybind11-dev
   dataset-fashion-mnist
   gnuplot-nox hyperfine jq
 )

@@ -1,0 +1,100 @@
+// The torch.distributed backend (integrations/torch) under nodalrun with Debian's python3-torch:
+// every op against gloo's result and a rank-order reference at 2, 3 and 4 ranks; DDP training to
+// gloo's parameters; a SIGKILLed rank mid-training ends the job named, its peers' torch raising
+// PeerFailure; a default group that is not nodal's world refused; and ProcessGroupNodal from C++.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../support/child_process.hpp"
+#include "../support/paths.hpp"
+
+namespace nodal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kPython = NODAL_TEST_PYTHON;
+const std::string kScripts = NODAL_TEST_TORCH_SCRIPTS;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// nodalrun -n N python3 SCRIPT ARGS..., with the built nodal_torch module on PYTHONPATH.
+ChildResult run_script(int n, const std::string& script, std::vector<std::string> args = {},
+                       std::chrono::milliseconds timeout = 150s) {
+  std::vector<std::string> argv = {kNodalrun, "-n", std::to_string(n), kPython, kScripts + "/" + script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, timeout, {"PYTHONPATH=" NODAL_TEST_TORCH_MODULE_DIR, "PYTHONDONTWRITEBYTECODE=1"});
+}
+
+class TorchRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(TorchRanks, EveryOpMatchesGlooAndTheRankOrderReference) {
+  const int n = GetParam();
+  ChildResult r = run_script(n, "ops.py");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] ops ok: [1-9]\d+ checks$)"), n) << r.out;
+}
+
+TEST_P(TorchRanks, DdpTrainsToGloosParametersAndEveryRankAgrees) {
+  const int n = GetParam();
+  ChildResult r = run_script(n, "ddp.py", {"--steps", "300"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::regex line(R"(\[(\d+)\] ddp: 300 steps, max difference (\S+), identical (True|False), ranks agree (True|False))");
+  int seen = 0;
+  for (const auto& l : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(l, m, line)) continue;
+    ++seen;
+    EXPECT_EQ(m[4].str(), "True") << l;
+    // Two ranks add in the same order as gloo (one addition per element): the same bits. From
+    // three on, gloo's ring adds in another order than nodal's rank order.
+    if (n == 2) {
+      EXPECT_EQ(m[3].str(), "True") << l;
+    }
+    EXPECT_LT(std::stod(m[2].str()), 1e-5) << l;
+  }
+  EXPECT_EQ(seen, n) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(TorchBackend, TorchRanks, ::testing::Values(2, 3, 4),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+TEST(TorchBackend, ASigkilledRankEndsTheJobNamedAndItsPeersRaisePeerFailure) {
+  const std::string marker = "--steps=100000";  // unique to this test's ranks
+  ChildResult r = run_script(3, "ddp.py", {marker, "--kill-rank", "1", "--kill-step", "40"}, 60s);
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "nodalrun: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "killed by SIGKILL")) << r.err;
+  std::regex caught(R"(\[(0|2)\] rank \d caught RuntimeError after (\d+) ms: nodal: allreduce: PeerFailure: .*rank 1: killed by SIGKILL.*)");
+  int peers = 0;
+  for (const auto& l : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(l, m, caught)) continue;
+    ++peers;
+    EXPECT_LT(std::stoi(m[2].str()), 1000) << l;
+  }
+  EXPECT_EQ(peers, 2) << r.out;
+  EXPECT_TRUE(survivors_mentioning(marker, 5s).empty());
+}
+
+TEST(TorchBackend, ADefaultGroupThatIsNotNodalsWorldIsRefused) {
+  ChildResult r = run_script(2, "wrong_rank.py", {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(refused: nodal: torch's default group is rank \d of 2, but this process is rank \d of 2)"), 2)
+      << r.out;
+}
+
+TEST(TorchBackend, LibtorchProgramsUseProcessGroupNodalDirectly) {
+  for (int n : {1, 3}) {
+    ChildResult r = run({kNodalrun, "-n", std::to_string(n), NODAL_TEST_TORCH_PROGRAM}, 60s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(count_lines(r.out, R"(libtorch ok: \d+ checks)"), n) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace nodal::testing
