@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# torch.distributed from Python with the nodal backend beside gloo, in one run: all_reduce of
+# float32 from 4 B to 64 MiB, and the DistributedDataParallel step of a ~9.5M-parameter MLP,
+# 2 ranks under nodalrun, the backends interleaved for R rounds; prints the medians and ratios as
+# a markdown table (bench/torch_backend.py is the rank program).
+#   bench/torch_backend.sh [-r ROUNDS] [-b BATCH] [BUILD_DIR]   (defaults: 3, 32, build/release)
+# torch's matrix products run on the machine's BLAS: Debian's generic one makes the step's compute
+# 20x slower than OpenBLAS (apt-get install libopenblas0-pthread); the table says which it was.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=3 batch=32
+while getopts "r:b:" opt; do
+  case $opt in
+    r) rounds=$OPTARG ;;
+    b) batch=$OPTARG ;;
+    *) exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+build=${1:-build/release}
+. bench/peers/python_torch.sh
+ensure_python_torch torch_backend.sh
+[ -e "$build/integrations/torch" ] || { echo "torch_backend.sh: $build has no integrations/torch (configure where Torch and pybind11 are found)" >&2; exit 1; }
+export PYTHONPATH="$build/integrations/torch" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for ((round = 1; round <= rounds; round++)); do
+  for backend in nodal gloo; do
+    for mode in allreduce ddp; do
+      "$build/launcher/nodalrun" -n 2 /usr/bin/python3 bench/torch_backend.py "$mode" --backend "$backend" --batch "$batch" |
+        sed -n "s/^\[0\] /$backend,/p" >>"$out"
+    done
+  done
+done
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
+/usr/bin/python3 - "$out" "$rounds" "$batch" "$blas" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    parts = line.strip().split(",")
+    rows[tuple(parts[:-1])].append(float(parts[-1]))
+med = {k: statistics.median(v) for k, v in rows.items()}
+print(f"2 ranks, {sys.argv[2]} rounds interleaved, medians; BLAS: {sys.argv[4]}\n")
+print("| all_reduce f32 | nodal | gloo | gloo / nodal |")
+print("|---|---|---|---|")
+sizes = sorted({int(k[2]) for k in med if k[1] == "allreduce"})
+for s in sizes:
+    n, g = med[("nodal", "allreduce", str(s))], med[("gloo", "allreduce", str(s))]
+    label = f"{s} B" if s < 1024 else f"{s >> 10} KiB" if s < 1 << 20 else f"{s >> 20} MiB"
+    extra = f" ({s / n / 1e3:.2f} / {s / g / 1e3:.2f} GB/s)" if s >= 1 << 20 else ""
+    print(f"| {label} | {n:.2f} us | {g:.2f} us | {g / n:.1f}x{extra} |")
+params = int(med[("nodal", "parameters")])
+print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per rank | nodal | gloo | gloo / nodal |")
+print("|---|---|---|---|")
+n, g = med[("nodal", "ddp_step")], med[("gloo", "ddp_step")]
+ln, lg = med[("nodal", "local_step")], med[("gloo", "local_step")]
+print(f"| step (ms) | {n:.1f} | {g:.1f} | {g / n:.2f}x |")
+print(f"| the same step without DDP (ms) | {ln:.1f} | {lg:.1f} | |")
+print(f"| DDP's share of the step | {(n - ln) / n * 100:.0f} % | {(g - lg) / g * 100:.0f} % | |")
+PY
