@@ -9,4 +9,5 @@ target_compile_definitions(torch_backend_test PRIVATE
                            NODAL_TEST_PYTHON="${NODAL_TORCH_PYTHON}"
                            NODAL_TEST_TORCH_MODULE_DIR="$<TARGET_FILE_DIR:nodal_torch>"
                            NODAL_TEST_TORCH_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/programs/torch"
-                           NODAL_TEST_TORCH_PROGRAM="$<TARGET_FILE:torch_c10d_program>")
+                           NODAL_TEST_TORCH_PROGRAM="$<TARGET_FILE:torch_c10d_program>"
+                           NODAL_TEST_TORCH_EXAMPLE="${PROJECT_SOURCE_DIR}/examples/torch_ddp/train.py")

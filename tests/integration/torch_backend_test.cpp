@@ -88,6 +88,24 @@ TEST(TorchBackend, ADefaultGroupThatIsNotNodalsWorldIsRefused) {
       << r.out;
 }
 
+TEST(TorchBackend, TheDdpExampleTrainsFashionMnistAsWithGloo) {
+  // examples/torch_ddp/train.py, one epoch under each backend: the same loss to the printed digits
+  // (2 ranks: the same bits), and a real accuracy.
+  std::string lines[2];
+  const char* backends[2] = {"nodal", "gloo"};
+  for (int i = 0; i < 2; ++i) {
+    ChildResult r = run({kNodalrun, "-n", "2", kPython, NODAL_TEST_TORCH_EXAMPLE, "--epochs", "1", "--backend", backends[i]},
+                        120s, {"PYTHONPATH=" NODAL_TEST_TORCH_MODULE_DIR, "PYTHONDONTWRITEBYTECODE=1"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::smatch m;
+    std::regex result(R"(\[0\] epoch 1: loss (\S+)\n\[0\] backend \w+, 2 ranks: test accuracy (\S+),)");
+    ASSERT_TRUE(std::regex_search(r.out, m, result)) << r.out;
+    EXPECT_GE(std::stod(m[2].str()), 0.8) << r.out;
+    lines[i] = m[1].str() + " " + m[2].str();
+  }
+  EXPECT_EQ(lines[0], lines[1]);
+}
+
 TEST(TorchBackend, LibtorchProgramsUseProcessGroupNodalDirectly) {
   for (int n : {1, 3}) {
     ChildResult r = run({kNodalrun, "-n", std::to_string(n), NODAL_TEST_TORCH_PROGRAM}, 60s);
