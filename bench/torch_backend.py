@@ -22,6 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["allreduce", "ddp"])
 parser.add_argument("--backend", choices=["nodal", "gloo"], required=True)
 parser.add_argument("--batch", type=int, default=32, help="ddp: samples per rank per step")
+parser.add_argument("--bucket-cap-mb", type=float, default=25, help="ddp: DDP's bucket_cap_mb (its default: 25)")
 args = parser.parse_args()
 if args.backend == "nodal":
     import nodal_torch  # noqa: F401
@@ -72,7 +73,7 @@ else:
 
     local = steps(model(), 25)
     dist.barrier()
-    ddp = steps(nn.parallel.DistributedDataParallel(model()), 25)
+    ddp = steps(nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=args.bucket_cap_mb), 25)
     if RANK == 0:
         params = sum(p.numel() for p in model().parameters())
         print(f"ddp_step,{ddp:.2f}", flush=True)

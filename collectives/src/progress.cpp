@@ -75,8 +75,20 @@ void ProgressThread::run_queue(std::shared_ptr<Queue> queue) {
     // The call's closure goes first: it may hold the last reference to the communicator, whose
     // destruction then runs ~ProgressThread here (which returns at once on this thread).
     task.call = nullptr;
-    task.work->done.store(true, std::memory_order_release);
+    std::vector<std::function<void()>> callbacks;
+    {
+      std::lock_guard lock(task.work->mutex);
+      task.work->done.store(true, std::memory_order_release);
+      callbacks.swap(task.work->callbacks);
+    }
     notify(task.work->word);
+    for (auto& callback : callbacks) {
+      try {
+        callback();
+      } catch (...) {  // documented: dropped
+      }
+    }
+    callbacks.clear();
     queue->pending.fetch_sub(1, std::memory_order_release);
   }
   // Tell a destructor waiting on another thread that the thread is done with everything but its
@@ -106,6 +118,17 @@ bool Work::test() {
   if (!is_completed()) return false;
   if (state_ && state_->error) std::rethrow_exception(state_->error);
   return true;
+}
+
+void Work::on_completion(std::function<void()> callback) {
+  if (state_) {
+    std::unique_lock lock(state_->mutex);
+    if (!state_->done.load(std::memory_order_acquire)) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
 }
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {

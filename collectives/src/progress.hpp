@@ -16,8 +16,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace nodal::detail {
 
@@ -27,6 +29,8 @@ struct WorkState {
   WaitWord word;             ///< notified when done
   std::exception_ptr error;  ///< set before done
   std::string what;          ///< "iallreduce on communicator 'world'", for a TimeoutError
+  std::mutex mutex;          ///< orders `done` against on_completion's check of it
+  std::vector<std::function<void()>> callbacks;  ///< Work::on_completion's, until done
 };
 
 /// Waits for `work` (Work::wait): throws TimeoutError after `timeout`, PeerFailure when the job

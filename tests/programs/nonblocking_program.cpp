@@ -1,7 +1,8 @@
 // Rank program of tests/integration/nonblocking_test.cpp: the non-blocking collectives (Work).
 //   nonblocking_program results     every i-call, several in flight, interleaved with blocking
 //                                   calls, checked against values computed here; prints
-//                                   "rank R: N checks ok"
+//                                   "rank R: N checks ok"; Work::on_completion's callbacks run
+//                                   once, after the result is in place
 //   nonblocking_program mismatch    rank 0 iallreduce, the others ibroadcast: UsageError from wait
 //                                   on every rank, and the communicator works afterwards
 //   nonblocking_program timeout     rank 1 joins 600 ms late: rank 0's wait(50 ms) is a
@@ -19,6 +20,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -65,6 +67,13 @@ int results(nodal::Communicator& comm) {
 
     std::vector<Work> works;
     works.push_back(comm.iallreduce(a));
+    const float first = static_cast<float>(n * (n - 1) / 2);
+    std::atomic<int> fired{0};
+    std::atomic<bool> in_place{false};
+    works.back().on_completion([&] {
+      in_place = a.data_ptr<float>()[0] == first;
+      fired.fetch_add(1);
+    });
     works.push_back(comm.ibroadcast(b, n - 1));
     comm.allreduce(blocking);  // blocking between non-blocking ones: queued in order
     works.push_back(comm.iallgather(c, c_out));
@@ -75,6 +84,13 @@ int results(nodal::Communicator& comm) {
     works.push_back(comm.ibarrier());
     for (Work& w : works) w.wait();
     for (Work& w : works) expect(w.is_completed() && w.test(), "a waited Work is completed");
+    // The callback runs right after the call is marked done: give it a moment.
+    for (int spin = 0; fired.load() == 0 && spin < 20000; ++spin) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    expect(fired.load() == 1 && in_place.load(), "on_completion ran once, after the result was in place");
+    const auto caller = std::this_thread::get_id();
+    bool here = false;
+    works.back().on_completion([&] { here = std::this_thread::get_id() == caller; });
+    expect(here, "on_completion of a finished call runs at once, on the calling thread");
 
     const float rank_sum = static_cast<float>(n * (n - 1) / 2);
     for (std::int64_t i = 0; i < count; ++i) {
@@ -118,6 +134,15 @@ int mismatch_then_usable(nodal::Communicator& comm) {
     test_threw = true;
   }
   expect(test_threw, "test rethrows it too");
+  bool failed_seen = false;
+  w.on_completion([&] {
+    try {
+      (void)w.test();
+    } catch (const nodal::UsageError&) {
+      failed_seen = true;
+    }
+  });
+  expect(failed_seen, "on_completion runs for a call that failed, whose test() rethrows");
   Tensor u = filled(8, 1.0F);
   comm.iallreduce(u).wait();
   expect(u.data_ptr<float>()[3] == static_cast<float>(comm.world_size()) * 4.0F, "the communicator works after the mismatch");

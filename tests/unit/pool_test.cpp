@@ -268,16 +268,27 @@ TEST_P(PoolTest, AWorkerKilledAtAnyInstantLosesNoTask) {
     const std::vector<std::int64_t> served = pool.map(&worker_pid, iota(8));
     ASSERT_EQ(std::set<std::int64_t>(served.begin(), served.end()).size(), 2U);
     const pid_t victim = pool.pids().at(static_cast<std::size_t>(round % 2));
-    const std::vector<std::int64_t> inputs = iota(300);  // 30 ms of work for 2: the killer (a fork) lands in it
-    auto stream = pool.imap(&busy_square, inputs);
+    const std::vector<std::int64_t> inputs = iota(300);  // 30 ms of work for 2: the killer lands in it
     // The killer is a process, not a thread: the pool forks the victim's replacement, and fork is
-    // refused while threads run.
+    // refused while threads run. It is forked first and started through a pipe once the tasks
+    // run, so that the fork's own time (tens of ms under ASan) does not let the work end first.
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
     const pid_t killer = ::fork();
     if (killer == 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
-      ::kill(victim, SIGKILL);
+      char byte = 0;
+      ::close(go[1]);
+      if (::read(go[0], &byte, 1) == 1) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+        ::kill(victim, SIGKILL);
+      }
       ::_exit(0);
     }
+    ::close(go[0]);
+    auto stream = pool.imap(&busy_square, inputs);
+    const char start = 1;
+    ASSERT_EQ(::write(go[1], &start, 1), 1);
+    ::close(go[1]);
     std::size_t values = 0;
     std::size_t failures = 0;
     for (;;) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -28,6 +29,12 @@ class Work {
   /// Work.wait(timeout)). Throws PeerFailure when the job fails while waiting. Waits the
   /// runtime's way (spin, yield when oversubscribed, futex).
   void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Runs `callback` once the call has finished, successfully or not (test() then says which):
+  /// on the communicator's progress thread right after the call, or at once on this thread when
+  /// it has finished already. What completes a torch future without a thread waiting for it
+  /// (integrations/torch). Keep it short: the communicator's next call waits for it. It must not
+  /// throw (what it throws is dropped) nor make calls on the same communicator.
+  void on_completion(std::function<void()> callback);
 
  private:
   friend class Communicator;

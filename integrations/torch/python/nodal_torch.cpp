@@ -33,7 +33,8 @@ PYBIND11_MODULE(nodal_torch, m) {
   m.doc() = "nodal's collectives as a torch.distributed backend: import nodal_torch, then "
             "torch.distributed.init_process_group('nodal') in ranks started by nodalrun";
   auto dist = py::module_::import("torch.distributed");
-  py::class_<ProcessGroupNodal, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupNodal>>(m, "ProcessGroupNodal")
+  py::class_<ProcessGroupNodal, nodal::torch_backend::BackendBase, c10::intrusive_ptr<ProcessGroupNodal>>(
+      m, "ProcessGroupNodal")
       .def("name", &ProcessGroupNodal::getBackendName)
       .def("algorithm", [](const ProcessGroupNodal& pg) { return pg.communicator().last_algorithm(); },
            "The algorithm nodal's last call took (\"small\", \"pipelined\", \"in_place\", \"cma\").");
@@ -49,6 +50,12 @@ PYBIND11_MODULE(nodal_torch, m) {
       "An uninitialised CPU tensor in nodal's job arena, which nodal's collectives read and write in place.");
   auto backend = dist.attr("Backend");
   if (!py::hasattr(backend, "NODAL")) {
+#if TORCH_VERSION_MAJOR > 1
+    // torch >= 2 asks which devices a backend serves (else it warns and assumes cpu and cuda).
+    backend.attr("register_backend")("nodal", m.attr("_create"), py::arg("extended_api") = true,
+                                     py::arg("devices") = std::vector<std::string>{"cpu"});
+#else
     backend.attr("register_backend")("nodal", m.attr("_create"), py::arg("extended_api") = true);
+#endif
   }
 }

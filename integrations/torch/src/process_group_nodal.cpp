@@ -2,13 +2,16 @@
 // contiguous, run nodal's raw-buffer collective, and return a finished Work holding the outputs.
 #include <nodal/torch/process_group_nodal.hpp>
 
-#include "finished_work.hpp"
+#include "work.hpp"
 #include "tensor_bridge.hpp"
 
 #include <nodal/context.hpp>
 #include <nodal/errors.hpp>
 
+#include <nodal/detail/posix.hpp>
+
 #include <ATen/ATen.h>
+#include <ATen/DLConvertor.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -23,13 +26,20 @@ template <class Body>
 c10::intrusive_ptr<c10d::Work> run(const Communicator& comm, c10d::OpType op, const char* call, Body body) {
   try {
     return finished(comm.rank(), op, body());
-  } catch (const PeerFailure& e) {
-    raise(c10::str("nodal: ", call, ": PeerFailure: ", e.what()));
-  } catch (const UsageError& e) {
-    raise(c10::str("nodal: ", call, ": UsageError: ", e.what()));
-  } catch (const Error& e) {
-    raise(c10::str("nodal: ", call, ": ", e.what()));
+  } catch (...) {
+    std::rethrow_exception(torch_error(std::current_exception(), call));
   }
+}
+
+/// Whether an allreduce of `t` runs on the communicator's progress thread (PendingWork): with
+/// NODAL_TORCH_ASYNC=1, from 1 MiB (where the thread hop is small next to the call), contiguous,
+/// of a dtype DLPack 0.6 carries (torch 1.13's has no bool). Off by default: on the 2-core VM, 2
+/// ranks leave no core to overlap with (DDP step 72.1 vs 72.3 ms) and a blocking 64 MiB
+/// all_reduce pays 1.7 ms for the hop (bench/results/2026-11-25-torch-backend.md).
+bool on_progress_thread(const at::Tensor& t) {
+  static const bool enabled = detail::getenv_or_empty("NODAL_TORCH_ASYNC") == "1";
+  return enabled && t.nbytes() >= (1u << 20) && t.is_contiguous() && t.scalar_type() != at::kBool &&
+         nodal_dtype(t.scalar_type()).has_value();
 }
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) {
@@ -145,6 +155,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && on_progress_thread(tensors[0])) {
+    try {
+      auto& t = single(tensors, "allreduce");
+      const ReduceOp op = reduce_op_of(opts.reduceOp, "allreduce");
+      Tensor view = Tensor::from_dlpack(at::toDLPack(t));  // nodal's view of the same bytes
+      return pending(comm_.rank(), c10d::OpType::ALLREDUCE, "allreduce", comm_.iallreduce(view, op), tensors);
+    } catch (...) {
+      std::rethrow_exception(torch_error(std::current_exception(), "allreduce"));
+    }
+  }
   return run(comm_, c10d::OpType::ALLREDUCE, "allreduce", [&]() -> std::vector<at::Tensor> {
     auto& t = single(tensors, "allreduce");
     const ReduceOp op = reduce_op_of(opts.reduceOp, "allreduce");

@@ -9,8 +9,13 @@ result must also equal gloo's: bit for bit for integers and for 2 ranks, to floa
 and more ranks (gloo's ring adds in another order). Then the refusals and a mismatched call.
 Prints "ops ok: N checks" on success; any failed check raises, which fails the job.
 """
+import os
 import warnings
 import zlib
+
+# The large allreduces below go through the progress thread (off by default; the rest of this
+# suite covers the caller-thread path).
+os.environ.setdefault("NODAL_TORCH_ASYNC", "1")
 
 import torch
 import torch.distributed as dist
@@ -119,6 +124,38 @@ s.copy_(make("shared", RANK, [4096], torch.float32))
 dist.all_reduce(s)
 check(torch.equal(s, reference([make("shared", j, [4096], torch.float32) for j in range(N)], R.SUM, torch.float32)),
       "allreduce of an arena tensor")
+
+# ---- allreduce from 1 MiB with NODAL_TORCH_ASYNC=1: on the progress thread (a pending Work whose
+# future completes there) ----
+threads_before = len(os.listdir("/proc/self/task"))
+for dtype in [torch.float32, torch.bfloat16, torch.int64]:
+    size = (1 << 20) // torch.empty(0, dtype=dtype).element_size() + 3
+    case = f"async/{dtype}"
+    xs = [make(case, j, [size], dtype) for j in range(N)]
+    t = xs[RANK].clone()
+    work = dist.all_reduce(t, async_op=True)
+    # A blocking call made meanwhile runs after it, in call order.
+    b = torch.full([5], float(RANK))
+    dist.broadcast(b, src=N - 1)
+    check(torch.equal(b, torch.full([5], float(N - 1))), f"{case}: broadcast behind a pending allreduce")
+    future = work.get_future()
+    work.wait()
+    check(work.is_completed(), f"{case}: work completed")
+    check(future.done() and torch.equal(future.value()[0], t), f"{case}: the future holds t")
+    check(torch.equal(t, reference(xs, R.SUM, dtype)), f"{case}: result")
+# The first such allreduce started the communicator's progress thread.
+check(len(os.listdir("/proc/self/task")) > threads_before, "no progress thread: the allreduces ran on the caller's")
+# A mismatched pending allreduce: the error comes from wait(), on every rank, and the group goes on.
+if N > 1:
+    work = dist.all_reduce(torch.ones((1 << 18) + RANK), async_op=True)
+    try:
+        work.wait()
+        check(False, "a mismatched pending allreduce did not raise")
+    except RuntimeError as e:
+        check("nodal: allreduce: UsageError" in str(e), f"pending mismatch: {e}")
+    t = torch.ones(1 << 19)
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full([1 << 19], float(N))), "pending allreduce after a mismatch")
 
 # ---- allreduce_coalesced ----
 shapes = [[3], [5, 2], [1000]]

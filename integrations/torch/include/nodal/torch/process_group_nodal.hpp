@@ -17,10 +17,16 @@
 //   toward zero, bool AVG is refused). BAND, BOR, BXOR and PREMUL_SUM are refused.
 // - Results are nodal's: bitwise identical on every rank and from run to run, contributions
 //   combined in rank order (gloo's order too for 2 ranks; its ring differs for 3 and more).
-// - Every call runs to completion on the calling thread and returns a finished Work whose future
-//   holds the output tensors (what DDP's comm hooks read). A mismatched call across ranks (count,
-//   dtype, op, root, kind) throws on every rank with nodal's UsageError text; a dead peer throws
-//   PeerFailure's text within 100 ms. Both reach Python as RuntimeError.
+// - With NODAL_TORCH_ASYNC=1, an allreduce of 1 MiB or more (contiguous, not bool) runs on the
+//   communicator's progress thread (Communicator::iallreduce) and returns a pending Work whose
+//   future the progress thread completes with the tensor: DDP's backward pass goes on computing
+//   while a gradient bucket is reduced, as with torch's own backends. Worth it where cores are
+//   spare; off by default (with 2 ranks on 2 cores it gained nothing and cost the hop).
+//   Every other call runs to completion on the calling thread, after any pending one (calls keep
+//   their order), and returns a finished Work whose future holds the output tensors (what DDP's
+//   comm hooks read). A mismatched call across ranks (count, dtype, op, root, kind) raises on
+//   every rank with nodal's UsageError text; a dead peer raises PeerFailure's text within 100 ms
+//   (from the call, or from a pending Work's wait() and future). Both reach Python as RuntimeError.
 // - The process group's timeout is not applied to calls: a peer that dies ends them with
 //   PeerFailure; a peer that never makes its call is what nodalrun's --stall-timeout names.
 // - send/recv are rendezvous (MPI_Ssend): send returns once the peer has received, so an isend
