@@ -408,11 +408,19 @@ TEST_P(PoolTest, PoolsComeAndGoWithoutKeepingArenaMemory) {
   { Pool warm(2, {.start_method = GetParam()}); }
   const std::size_t free_before = nodal::detail::job_arena().free_bytes();
   for (int round = 0; round < 20; ++round) {
-    Pool pool(2, {.start_method = GetParam(), .maxtasksperchild = 1});
+    {
+      // Workers replaced after every task: their queues go with them.
+      Pool recycled(2, {.start_method = GetParam(), .maxtasksperchild = 1});
+      EXPECT_EQ(recycled.map(&square, iota(4)), (std::vector<std::int64_t>{0, 1, 4, 9}));
+    }
+    // A killed worker's queue goes too. Killed once both workers have served a task: not while
+    // one starts, when it may hold the arena's index lock (SIGKILL cannot be held back; a SIGKILL
+    // there breaks the arena's index for the job, the documented limit). With workers recycled
+    // after every task a kill could always meet a starting one, so this pool keeps its workers.
+    Pool pool(2, {.start_method = GetParam()});
+    const std::vector<std::int64_t> served = pool.map(&worker_pid, iota(8));
+    ASSERT_EQ(std::set<std::int64_t>(served.begin(), served.end()).size(), 2U);
     auto stream = pool.imap(&square, iota(4));
-    // A killed worker's queue goes too. Killed once a result came: not while it starts, when it
-    // may hold the arena's index lock (SIGKILL cannot be held back; a SIGKILL there breaks the
-    // arena's index for the job).
     (void)stream.next(10s);
     ::kill(pool.pids().at(0), SIGKILL);
     for (;;) {
