@@ -1,5 +1,6 @@
 // Each call: check this rank's tensors the way torch's own backends do, stage what is not
-// contiguous, run nodal's raw-buffer collective, and return a finished Work holding the outputs.
+// contiguous, run nodal's raw-buffer collective, and return a finished Work holding the outputs
+// (or, for a large allreduce with NODAL_TORCH_ASYNC=1, a pending one: work.hpp).
 #include <nodal/torch/process_group_nodal.hpp>
 
 #include "work.hpp"
@@ -114,8 +115,8 @@ c10::intrusive_ptr<ProcessGroupNodal> ProcessGroupNodal::create(int group_rank, 
   Communicator world;
   try {
     world = nodal::init().world();
-  } catch (const Error& e) {
-    raise(c10::str("nodal: the nodal backend could not join the job: ", e.what()));
+  } catch (...) {
+    std::rethrow_exception(torch_error(std::current_exception(), "joining the job"));
   }
   if (global_ranks_in_group.empty()) {
     TORCH_CHECK(group_size == world.world_size() && group_rank == world.rank(), "nodal: torch's default group is rank ",
@@ -132,8 +133,8 @@ c10::intrusive_ptr<ProcessGroupNodal> ProcessGroupNodal::create(int group_rank, 
               "nodal: group rank ", group_rank, " is not this process (rank ", world.rank(), " of the job)");
   try {
     return c10::make_intrusive<ProcessGroupNodal>(world.create_group(ranks, group_id));
-  } catch (const Error& e) {
-    raise(c10::str("nodal: new group ", group_id, ": ", e.what()));
+  } catch (...) {
+    std::rethrow_exception(torch_error(std::current_exception(), "new_group"));
   }
 }
 
@@ -367,10 +368,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::alltoall(std::vector<at::Tenso
                 n, " input and ", n, " output tensors, got ", inputs.size(), " and ", outputs.size());
     const auto dtype = inputs[0].scalar_type();
     at::Tensor flat_in = flatten(inputs, dtype, "alltoall");
-    at::Tensor flat_out = flatten(outputs, dtype, "alltoall");
+    for (const auto& t : outputs) {
+      check_cpu_dense(t, "alltoall", "output");
+      check_same_dtype(inputs[0], t, "alltoall");
+    }
+    auto send = numels(inputs), receive = numels(outputs);
+    // Only written: allocated, not filled with the outputs' old values.
+    at::Tensor flat_out = at::empty({static_cast<std::int64_t>(std::accumulate(receive.begin(), receive.end(), std::size_t{0}))},
+                                    inputs[0].options().memory_format(at::MemoryFormat::Contiguous));
     const Buffer bi = buffer_of(flat_in, false, "alltoall");
     const Buffer bo = buffer_of(flat_out, false, "alltoall");
-    auto send = numels(inputs), receive = numels(outputs);
     const std::size_t scale = count_scale(dtype);
     for (auto& c : send) c *= scale;
     for (auto& c : receive) c *= scale;

@@ -1,37 +1,37 @@
 #include "work.hpp"
 
-#include "tensor_bridge.hpp"
-
 #include <nodal/errors.hpp>
 
 #include <ATen/core/jit_type.h>
 
 namespace nodal::torch_backend {
-namespace {
 
-c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
-  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+TensorListWork::TensorListWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, op), outputs_(std::move(outputs)) {
+  // One type for every future (made once: a Work is made on every call).
+  static const c10::TypePtr tensor_list = c10::ListType::create(c10::TensorType::get());
+  future_ = c10::make_intrusive<c10::ivalue::Future>(tensor_list);
 }
 
-}  // namespace
-
-FinishedWork::FinishedWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, op), outputs_(std::move(outputs)), future_(tensor_list_future()) {
-  future_->markCompleted(c10::IValue(outputs_));
-  finish();
+void TensorListWork::complete(std::exception_ptr error) {
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finish(error);
 }
 
 c10::intrusive_ptr<c10d::Work> finished(int rank, c10d::OpType op, std::vector<at::Tensor> outputs) {
-  return c10::make_intrusive<FinishedWork>(rank, op, std::move(outputs));
+  auto work = c10::make_intrusive<TensorListWork>(rank, op, std::move(outputs));
+  work->complete(nullptr);
+  return work;
 }
-
-PendingWork::PendingWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, op), outputs_(std::move(outputs)), future_(tensor_list_future()) {}
 
 c10::intrusive_ptr<c10d::Work> pending(int rank, c10d::OpType op, const char* call, nodal::Work work,
                                        std::vector<at::Tensor> outputs) {
-  auto result = c10::make_intrusive<PendingWork>(rank, op, std::move(outputs));
-  // The callback holds the Work until the call ends (on the progress thread, or here if it has).
+  auto result = c10::make_intrusive<TensorListWork>(rank, op, std::move(outputs));
+  // The callback holds the torch Work until the call ends (on the progress thread, or here if it has).
   work.on_completion([self = result, work, call]() mutable {
     std::exception_ptr error;
     try {
@@ -39,12 +39,7 @@ c10::intrusive_ptr<c10d::Work> pending(int rank, c10d::OpType op, const char* ca
     } catch (...) {
       error = torch_error(std::current_exception(), call);
     }
-    if (error) {
-      self->future_->setError(error);
-    } else {
-      self->future_->markCompleted(c10::IValue(self->outputs_));
-    }
-    self->finish(error);
+    self->complete(error);
   });
   return result;
 }
