@@ -19,6 +19,7 @@ namespace nodal::detail {
 
 class GpuBackend;
 class ProgressThread;
+struct BridgeClient;
 
 constexpr std::size_t kCacheLine = 64;
 
@@ -144,6 +145,9 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// reduce's cma path (shm/cma.cpp): the peers' chunks, read into this process's own memory.
   std::vector<std::byte> cma_scratch;
   std::size_t vector_capacity[2] = {0, 0};
+  /// Set on the world communicator of a job that spans nodes (internode/across_nodes.hpp): its
+  /// calls go through the node bridge, and none of the shared-memory fields above is mapped.
+  std::shared_ptr<BridgeClient> across_nodes;
 
   CallHeader& header(int r, std::uint64_t call) const {
     return *reinterpret_cast<CallHeader*>(slots + (static_cast<std::size_t>(r) * slot_depth + (call & (slot_depth - 1))) *

@@ -6,6 +6,7 @@
 #include "comm_state.hpp"
 #include "gpu_backend.hpp"
 #include "gpu_path.hpp"
+#include "internode/across_nodes.hpp"
 #include "progress.hpp"
 #include "reduce_kernels.hpp"
 #include "shm/algorithm_table.hpp"
@@ -121,9 +122,14 @@ Communicator world_communicator() {
   auto& state = world_state();
   if (!state) {
     Context ctx = init();
-    std::vector<int> ranks(static_cast<std::size_t>(ctx.world_size()));
-    std::iota(ranks.begin(), ranks.end(), 0);
-    state = detail::open_comm(ctx.arena(), "world", ctx.rank(), std::move(ranks));
+    if (ctx.local_world_size() != ctx.world_size()) {
+      // nodalrun in multi-node mode: this node's ranks are some of the job's.
+      state = detail::open_world_across_nodes(ctx.arena(), ctx.rank(), ctx.world_size());
+    } else {
+      std::vector<int> ranks(static_cast<std::size_t>(ctx.world_size()));
+      std::iota(ranks.begin(), ranks.end(), 0);
+      state = detail::open_comm(ctx.arena(), "world", ctx.rank(), std::move(ranks));
+    }
   }
   return Communicator(state);
 }
@@ -144,8 +150,19 @@ int Communicator::global_rank(int rank) const {
 }
 std::string Communicator::last_algorithm() const { return state().last_algorithm.load(std::memory_order_relaxed); }
 
+namespace {
+void refuse_across_nodes(const detail::CommState& c, const char* what) {
+  if (c.across_nodes) {
+    throw UsageError(fmt::format("{} on communicator '{}': communicators of part of a job that spans nodes are not built "
+                                 "yet",
+                                 what, c.name));
+  }
+}
+}  // namespace
+
 Communicator Communicator::split(int color, int key) const {
   auto& c = state();
+  refuse_across_nodes(c, "split");
   if (c.worker && !c.worker->on_this_thread() && !c.worker->idle()) {
     auto result = std::make_shared<Communicator>();
     in_call_order(c, "split", [self = *this, result, color, key] { *result = self.split(color, key); });
@@ -169,6 +186,7 @@ Communicator Communicator::split(int color, int key) const {
 
 Communicator Communicator::create_group(const std::vector<int>& ranks, std::string_view tag) const {
   auto& c = state();
+  refuse_across_nodes(c, "create_group");
   if (ranks.empty()) throw UsageError(fmt::format("create_group on '{}': the list of ranks is empty", c.name));
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());

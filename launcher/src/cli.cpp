@@ -222,6 +222,16 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
        {"none", MpiSupport::none}},
       "serve MPI programs' wire-up so their ranks form one job: PMI-1 (MPICH), PMIx (Open MPI), auto (default: "
       "both) or none");
+  values.add("--nnodes", "K", options.nnodes, "a number of nodes from 1 to 65536",
+             "torchrun's flag: the job's nodes, checked against the launcher that started one nodalrun per node "
+             "(srun --mpi=pmix, mpirun)",
+             whole_number(1, 65536));
+  values.add("--node-rank", "K", options.node_rank, "a node index from 0 to 65535",
+             "torchrun's flag: this node's index, checked against the launcher's", whole_number(0, 65535));
+  values.add("--master-addr", "HOST", options.master_addr, "a host name or address",
+             "torchrun's flag: MASTER_ADDR for every rank (default: node 0's host name); every node must give the "
+             "same",
+             non_empty);
   app.add_flag("-v,--verbose", options.verbose, "print the set-up steps and their timings");
 
   try {

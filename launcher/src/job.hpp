@@ -31,7 +31,8 @@ struct RankRecord {
 };
 
 /// mpi: the MPI wire-up says the job failed (MPI_Abort, an exit without MPI_Finalize, ...).
-enum class FailureKind { exit, signal, exception, timeout, zygote, launch, stall, mpi };
+/// node: another node of a multi-node job failed first, or was lost (multinode/node_agent.hpp).
+enum class FailureKind { exit, signal, exception, timeout, zygote, launch, stall, mpi, node };
 
 /// nodalrun's exit code when --timeout ends the job.
 inline constexpr int kTimeoutExitCode = 124;

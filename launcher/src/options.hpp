@@ -52,6 +52,15 @@ struct Options {
   /// --mpi auto|pmi1|pmix|none: serve MPI programs' wire-up (spawn start method only: an MPI
   /// program is exec'd per rank; auto is none under forkserver, pmi1 and pmix a usage error).
   MpiSupport mpi = MpiSupport::automatic;
+  /// torchrun's --nnodes, --node-rank, --master-addr: accepted and checked against what the outer
+  /// launcher says (multinode/node_launch.hpp); nodalrun never starts other nodes itself.
+  std::optional<int> nnodes;
+  std::optional<int> node_rank;
+  std::optional<std::string> master_addr;
+  /// Set by nodalrun itself in multi-node mode (not flags): the global rank of its local rank 0,
+  /// and how its node is named in reports ("node 1 (host)"); 0 and empty on one node.
+  int first_rank = 0;
+  std::string node_label;
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

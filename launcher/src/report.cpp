@@ -34,6 +34,7 @@ const char* kind_name(FailureKind kind) {
     case FailureKind::launch: return "launch";
     case FailureKind::stall: return "stall";
     case FailureKind::mpi: return "mpi";
+    case FailureKind::node: return "node";
   }
   return "unknown";
 }
@@ -50,14 +51,17 @@ std::string format_failure_report(const JobSummary& job) {
   const Failure& f = *job.failure;
   double after = seconds_between(job.started, f.at);
   if (f.rank >= 0) {
-    line(fmt::format("rank {} (pid {}) failed first, {:.3f} s after start: {}{}", f.rank, f.pid, after, f.detail,
+    // Ranks are the job's (global) ranks; on one node first_rank is 0.
+    const int rank = f.rank + job.options.first_rank;
+    const std::string where = job.options.node_label.empty() ? std::string() : " on " + job.options.node_label;
+    line(fmt::format("rank {}{} (pid {}) failed first, {:.3f} s after start: {}{}", rank, where, f.pid, after, f.detail,
                      f.oom_killed ? " -- killed by the OOM killer (memory cgroup oom_kill count rose)" : ""));
     const RankRecord& r = job.ranks[f.rank];
     if (!r.exception_report.empty()) {
-      line(fmt::format("rank {} raised {}", f.rank, r.exception_report));
+      line(fmt::format("rank {} raised {}", rank, r.exception_report));
     }
     if (r.err && !r.err->last_lines().empty()) {
-      line(fmt::format("last {} stderr lines of rank {}:", r.err->last_lines().size(), f.rank));
+      line(fmt::format("last {} stderr lines of rank {}:", r.err->last_lines().size(), rank));
       for (const std::string& l : r.err->last_lines()) text += "    " + l + "\n";
     }
   } else {

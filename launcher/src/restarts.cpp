@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "report.hpp"
+#include "multinode/node_launch.hpp"
 #include "supervisor.hpp"
 
 namespace nodal::launcher {
@@ -40,16 +41,36 @@ std::string describe_attempt(const AttemptRecord& a) {
 
 }  // namespace
 
-int run_job(const Options& options, const std::string& program) {
+int run_job(const Options& given, const std::string& program) {
   const Clock::time_point start = Clock::now();
+  Options options = given;
+  // Beyond one node: this nodalrun is its node's agent (multinode/node_agent.hpp).
+  const std::optional<NodeLaunch> launch = detect_node_launch([](const char* name) { return std::getenv(name); });
+  check_node_options(options, launch);
+  std::unique_ptr<NodeAgent> agent;
+  if (launch) {
+    agent = std::make_unique<NodeAgent>(*launch, options);
+    options.first_rank = agent->first_rank();
+    options.node_label = agent->label(agent->node_rank());
+    options.mpi = MpiSupport::none;  // the agent is the MPI process; its ranks are not
+  }
   Attempt attempt{make_job_id(), 0, std::nullopt};
   if (options.timeout_seconds > 0) {
     attempt.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_seconds));
   }
   std::vector<AttemptRecord> attempts;
   for (;;) {
-    Supervisor supervisor(options, program, attempt);
-    const int code = supervisor.run();
+    Supervisor supervisor(options, program, attempt, agent.get());
+    int code = 0;
+    try {
+      code = supervisor.run();
+    } catch (const std::exception& e) {
+      if (!agent) throw;
+      // The other nodes must not wait for this one: end the job everywhere.
+      detail::write_all(STDERR_FILENO, fmt::format("nodalrun: cannot run the job: {}\n", e.what()));
+      agent->finish(1);
+    }
+    if (agent) agent->stop_serving();  // before the Supervisor unmaps the arena
     AttemptRecord record;
     record.number = attempt.number;
     record.started_s = seconds_between(start, supervisor.started());
@@ -79,7 +100,8 @@ int run_job(const Options& options, const std::string& program) {
         if (options.max_restarts > 0) summary.attempts = attempts;
         write_json_report(summary, *options.report_path);
       }
-      return code;
+      // Every node ends together: a clean end waits for the others; a failure ends them all.
+      return agent ? agent->finish(code) : code;
     }
     ++attempt.number;
   }

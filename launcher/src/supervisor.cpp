@@ -47,6 +47,7 @@ constexpr std::uint64_t kTagControl = 2;
 constexpr std::uint64_t kTagTimeout = 3;
 constexpr std::uint64_t kTagGrace = 4;
 constexpr std::uint64_t kTagWatch = 5;
+constexpr std::uint64_t kTagNode = 6;  ///< the node agent's event (a remote failure)
 constexpr std::uint64_t kTagStreamBase = 16;  ///< + index into streams_
 constexpr std::uint64_t kTagMpiBase = std::uint64_t{1} << 40;  ///< + index into mpi_->fds()
 constexpr std::size_t kLastStderrLines = 10;
@@ -120,8 +121,9 @@ struct Supervisor::Stream {
   bool is_stderr = false;
 };
 
-Supervisor::Supervisor(Options options, std::string program_path, Attempt attempt)
+Supervisor::Supervisor(Options options, std::string program_path, Attempt attempt, NodeAgent* agent)
     : options_(std::move(options)),
+      agent_(agent),
       program_(std::move(program_path)),
       attempt_(std::move(attempt)),
       fd_registry_(options_.nprocs) {}
@@ -200,6 +202,10 @@ void Supervisor::set_up() {
   arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path, wait_table_bytes(options_.nprocs));
   create_wait_table(*arena_, options_.nprocs);
   stall_watch_ = std::make_unique<StallWatch>(*arena_, options_.stall_timeout_seconds);
+  if (agent_) {  // before the ranks: they find the bridge at nodal::init()
+    agent_->serve(*arena_);
+    watch(agent_->event_fd(), kTagNode);
+  }
   note(fmt::format("arena of at most {} created ({}), with the wait table of {} ranks", format_bytes(options_.shm_size),
                    arena_path.empty() ? std::string("memfd") : arena_path, options_.nprocs),
        step);
@@ -239,7 +245,12 @@ std::vector<std::string> Supervisor::base_environment() const {
     std::string_view entry(*e);
     std::string name(entry.substr(0, entry.find('=')));
     const bool gpus_set = name == kEnvCudaVisibleDevices || name == kEnvCudaDeviceOrder;
-    if (!ours.count(name) && !(gpus_ && gpus_set)) env.emplace_back(entry);
+    // Across nodes the outer launcher's wire-up is the agent's alone (a rank that found it would
+    // take itself for the agent), and Slurm's per-task values are the rank's (set per rank).
+    const bool launchers = agent_ && (name.starts_with("PMIX_") || name.starts_with("OMPI_") || name.starts_with("PMI_") ||
+                                      name == "SLURM_PROCID" || name == "SLURM_LOCALID" || name == "SLURM_NTASKS" ||
+                                      name == "SLURM_NPROCS");
+    if (!ours.count(name) && !(gpus_ && gpus_set) && !launchers) env.emplace_back(entry);
   }
   for (const std::string& item : options_.exports) {
     if (item.find('=') != std::string::npos) {
@@ -249,10 +260,21 @@ std::vector<std::string> Supervisor::base_environment() const {
     }
   }
   auto set = [&env](const char* name, const std::string& value) { env.push_back(fmt::format("{}={}", name, value)); };
-  set(kEnvWorldSize, std::to_string(options_.nprocs));
+  set(kEnvWorldSize, std::to_string(agent_ ? agent_->world_size() : options_.nprocs));
   set(kEnvLocalWorldSize, std::to_string(options_.nprocs));
-  set(kEnvMasterAddr, "127.0.0.1");
-  set(kEnvMasterPort, std::to_string(free_port()));
+  set(kEnvMasterAddr, agent_ ? agent_->master_addr() : std::string("127.0.0.1"));
+  set(kEnvMasterPort, std::to_string(agent_ ? agent_->master_port() : free_port()));
+  if (agent_) {
+    set(kEnvNodeRank, std::to_string(agent_->node_rank()));
+    set(kEnvNnodes, std::to_string(agent_->nnodes()));
+    set(kEnvGroupRank, std::to_string(agent_->node_rank()));
+    set(kEnvGroupWorldSize, std::to_string(agent_->nnodes()));
+    set(kEnvFirstRank, std::to_string(agent_->first_rank()));
+    if (std::getenv("SLURM_PROCID")) {
+      set("SLURM_NTASKS", std::to_string(agent_->world_size()));
+      set("SLURM_NPROCS", std::to_string(agent_->world_size()));
+    }
+  }
   set(kEnvJobId, job_id_);
   set(kEnvControlFd, std::to_string(rank_control_fd_));
   set(kEnvLauncherPid, std::to_string(::getpid()));
@@ -281,7 +303,7 @@ void Supervisor::open_rank_pipes(RankRecord& rank, int& out_write, int& err_writ
       file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
       if (file_fd < 0) throw_errno(fmt::format("open({})", path));
     }
-    auto tagger = std::make_unique<LineTagger>(fmt::format("[{}] ", rank.rank), is_stderr ? STDERR_FILENO : STDOUT_FILENO,
+    auto tagger = std::make_unique<LineTagger>(fmt::format("[{}] ", options_.first_rank + rank.rank), is_stderr ? STDERR_FILENO : STDOUT_FILENO,
                                                file_fd, is_stderr ? kLastStderrLines : 0);
     (is_stderr ? rank.err : rank.out) = std::move(tagger);
     streams_.push_back({fds[0], rank.rank, is_stderr});
@@ -308,8 +330,12 @@ void Supervisor::start_spawn() {
     spec.program = program_;
     spec.argv = options_.command;
     spec.env = env;
-    spec.env.push_back(fmt::format("{}={}", kEnvRank, rank.rank));
+    spec.env.push_back(fmt::format("{}={}", kEnvRank, options_.first_rank + rank.rank));
     spec.env.push_back(fmt::format("{}={}", kEnvLocalRank, rank.rank));
+    if (agent_ && std::getenv("SLURM_PROCID")) {
+      spec.env.push_back(fmt::format("SLURM_PROCID={}", options_.first_rank + rank.rank));
+      spec.env.push_back(fmt::format("SLURM_LOCALID={}", rank.rank));
+    }
     if (gpus_) spec.env.push_back(fmt::format("{}={}", kEnvDevice, gpus_->device_of_rank[rank.rank]));
     spec.stdout_fd = write_ends[rank.rank].first;
     spec.stderr_fd = write_ends[rank.rank].second;
@@ -457,6 +483,7 @@ void Supervisor::loop() {
           }
           break;
         }
+        case kTagNode: on_node_event(); break;
         case kTagWatch: {
           std::uint64_t expirations;
           if (::read(watch_fd_, &expirations, sizeof expirations) > 0) on_watch_tick();
@@ -677,9 +704,19 @@ void Supervisor::on_watch_tick() {
   }
 }
 
+void Supervisor::on_node_event() {
+  if (std::optional<RemoteFailure> remote = agent_->remote_failure()) {
+    record_failure({FailureKind::node, -1, -1, Clock::now(), remote->exit_code, 0, false, remote->detail});
+  }
+}
+
 void Supervisor::record_failure(Failure failure) {
   if (!failure_) {
     failure_ = std::move(failure);
+    if (agent_ && failure_->kind != FailureKind::node) {
+      agent_->announce_failure(failure_->rank >= 0 ? options_.first_rank + failure_->rank : -1, failure_->exit_code,
+                               failure_->detail);
+    }
     // Ranks blocked in nodal calls see this within a futex slice and throw PeerFailure.
     ArenaControl& control = arena_->control();
     control.failed_rank = failure_->rank;

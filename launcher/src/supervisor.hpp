@@ -11,6 +11,7 @@
 #include "fd_registry.hpp"
 #include "gpu_assignment.hpp"
 #include "job.hpp"
+#include "multinode/node_agent.hpp"
 #include "options.hpp"
 #include "placement.hpp"
 #include "pmi/mpi_wireup.hpp"
@@ -34,7 +35,8 @@ struct Attempt {
 /// wake-up and output lines are written whole, in order.
 class Supervisor {
  public:
-  Supervisor(Options options, std::string program_path, Attempt attempt);
+  /// `agent`: this node's agent when the job spans nodes (it outlives the Supervisor), else null.
+  Supervisor(Options options, std::string program_path, Attempt attempt, NodeAgent* agent = nullptr);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -71,6 +73,7 @@ class Supervisor {
   void on_mpi(std::size_t index);
   void record_mpi_failure(const MpiFailure& failure);
   void on_watch_tick();
+  void on_node_event();
   void record_failure(Failure failure);
   void stop_ranks();
   void signal_all(int sig);
@@ -79,6 +82,7 @@ class Supervisor {
   std::string arena_file() const;  ///< the file_system strategy's arena
 
   Options options_;
+  NodeAgent* agent_ = nullptr;
   std::string program_;
   Attempt attempt_;
   Clock::time_point ended_{};

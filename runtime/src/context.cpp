@@ -95,7 +95,9 @@ std::string_view field_of(std::string_view list, int rank) {
 /// them (exit status, rusage) exactly as with the spawn start method.
 void fork_ranks_as_zygote() {
   const int control_fd = env_int(kEnvControlFd, -1);
-  const int world_size = env_int(kEnvWorldSize, 1);
+  // This node's ranks (in multi-node mode the job's WORLD_SIZE counts every node's).
+  const int world_size = env_int(kEnvLocalWorldSize, env_int(kEnvWorldSize, 1));
+  const int first_rank = env_int(kEnvFirstRank, 0);
   const pid_t launcher = env_int(kEnvLauncherPid, -1);
   std::vector<RankPipes> pipes = parse_forkserver_fds(getenv_or_empty(kEnvForkserverFds));
   const std::string cpus = getenv_or_empty(kEnvForkserverCpus);
@@ -146,7 +148,8 @@ void fork_ranks_as_zygote() {
         if (p.out > STDERR_FILENO) ::close(p.out);
         if (p.err > STDERR_FILENO) ::close(p.err);
       }
-      ::setenv(kEnvRank, std::to_string(rank).c_str(), 1);
+      ::setenv(kEnvRank, std::to_string(first_rank + rank).c_str(), 1);
+      ::unsetenv(kEnvFirstRank);
       ::setenv(kEnvLocalRank, std::to_string(rank).c_str(), 1);
       ::unsetenv(kEnvStartMethod);
       ::unsetenv(kEnvForkserverFds);
@@ -208,13 +211,15 @@ Context init() {
 
   if (int arena_fd = env_int(kEnvArenaFd, -1); arena_fd >= 0) {
     set_job_arena(Arena::attach(arena_fd));
-    bind_wait_record(ctx.rank_);
+    bind_wait_record(ctx.local_rank_);  // the node's table (rank == local_rank on one node)
   }
 
   int control_fd = env_int(kEnvControlFd, -1);
   if (control_fd >= 0) set_cloexec(control_fd, true);  // the rank's own children must not report
-  install_terminate_handler(control_fd, ctx.rank_);
-  g_rank.store(ctx.rank_);
+  // nodalrun knows its ranks by local rank (the same as rank on one node; it adds its node's first
+  // rank where it names them).
+  install_terminate_handler(control_fd, ctx.local_rank_);
+  g_rank.store(ctx.local_rank_);
   g_control_fd.store(control_fd);
 
   g_context = ctx;

@@ -1,6 +1,7 @@
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/detail/environment.hpp>
+#include <nodal/detail/futex.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/storage.hpp>
 #include <nodal/detail/wait.hpp>
@@ -42,24 +43,8 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000), static_cast<long>(timeout.count() % 1'000'000'000)};
-  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<std::uint32_t>& word) {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 }  // namespace
-
-void notify(WaitWord& word) noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (word.sleepers.load(std::memory_order_relaxed) == 0) return;
-  word.sequence.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(word.sequence);
-}
 
 bool oversubscribed() noexcept {
   static const bool value = [] {
@@ -89,7 +74,7 @@ void Waiter::check() const {
 
 bool Waiter::spin() {
   ++rounds_;
-  const bool crowded = oversubscribed();
+  const bool crowded = yield_core_ || oversubscribed();
   if (!crowded || rounds_ <= kOversubscribedSpins) {
     cpu_relax();
   } else {

@@ -21,7 +21,8 @@ struct ChildResult {
 
 class ChildProcess {
  public:
-  /// Starts argv[0] (a path) with the current environment plus `extra_env` (NAME=VALUE).
+  /// Starts argv[0] (a path) with the current environment plus `extra_env` (NAME=VALUE), which
+  /// replaces an inherited variable of the same name.
   explicit ChildProcess(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {});
   ~ChildProcess();  ///< kills and reaps the child if still running
   ChildProcess(const ChildProcess&) = delete;

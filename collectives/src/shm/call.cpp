@@ -2,6 +2,7 @@
 // mismatches. The data moves in the algorithms' files.
 #include "shm/call.hpp"
 
+#include "internode/across_nodes.hpp"
 #include "shm/vector_collectives.hpp"
 
 #include <nodal/errors.hpp>
@@ -55,7 +56,10 @@ std::string describe(const CallHeader& h) {
 
 }  // namespace
 
-void run_collective(CommState& comm, const CollCall& call) { Call(comm, call).run(); }
+void run_collective(CommState& comm, const CollCall& call) {
+  if (comm.across_nodes) return run_across_nodes(comm, call);
+  Call(comm, call).run();
+}
 
 void Call::describe_wait(const void* self, std::string& what, std::string& waiting_for) {
   const Call& call = *static_cast<const Call*>(self);

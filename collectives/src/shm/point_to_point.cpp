@@ -74,6 +74,9 @@ void check_peer(const CommState& comm, int peer, const char* what) {
     throw UsageError(fmt::format("{}: peer {} is not another rank of communicator '{}' (size {}, this rank {})", what,
                                  peer, comm.name, comm.size, comm.rank));
   }
+  if (comm.across_nodes) {
+    throw UsageError(fmt::format("{} on communicator '{}': send and recv do not run across nodes yet", what, comm.name));
+  }
 }
 
 }  // namespace

@@ -39,5 +39,14 @@ inline constexpr const char* kEnvCudaDeviceOrder = "CUDA_DEVICE_ORDER";
 inline constexpr const char* kEnvDevice = "NODAL_DEVICE";
 /// For the zygote: "d;d;..." each rank's NODAL_DEVICE; unset without --gpus.
 inline constexpr const char* kEnvForkserverDevices = "NODAL_FORKSERVER_DEVICES";
+/// Multi-node mode (nodalrun as a node's agent, launcher/src/multinode/): this node's index and
+/// the number of nodes (torchrun's GROUP_RANK and GROUP_WORLD_SIZE are set alike). Absent on one
+/// node.
+inline constexpr const char* kEnvNodeRank = "NODAL_NODE_RANK";
+inline constexpr const char* kEnvNnodes = "NODAL_NNODES";
+inline constexpr const char* kEnvGroupRank = "GROUP_RANK";
+inline constexpr const char* kEnvGroupWorldSize = "GROUP_WORLD_SIZE";
+/// For the zygote in multi-node mode: the global rank of this node's local rank 0.
+inline constexpr const char* kEnvFirstRank = "NODAL_FIRST_RANK";
 
 }  // namespace nodal::detail

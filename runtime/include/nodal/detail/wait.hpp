@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string_view>
 
@@ -31,6 +32,11 @@ void notify(WaitWord& word) noexcept;
 
 using Clock = std::chrono::steady_clock;
 
+/// One sleep of at most `timeout` on `word` unless ready() holds (Dekker's pattern as in
+/// wait_until), without the job's abort check: for nodalrun's own threads, which go on after a
+/// job failed. Returns ready()'s last value.
+bool sleep_on(WaitWord& word, const std::function<bool()>& ready, std::chrono::nanoseconds timeout);
+
 /// No deadline when `timeout` is empty.
 struct Deadline {
   std::optional<Clock::time_point> at;
@@ -44,7 +50,10 @@ struct Deadline {
 /// sleeps shows its call in the job's wait table (wait_record.hpp) until it is done.
 class Waiter {
  public:
-  Waiter(Deadline deadline, std::string_view what) noexcept : deadline_(deadline), what_(what) {}
+  /// `yield_core`: what this waiter waits for needs another process of this node to run (a
+  /// node's agent, which moves steps between nodes): it yields its core as when oversubscribed.
+  Waiter(Deadline deadline, std::string_view what, bool yield_core = false) noexcept
+      : deadline_(deadline), what_(what), yield_core_(yield_core) {}
   ~Waiter();
   Waiter(const Waiter&) = delete;
   Waiter& operator=(const Waiter&) = delete;
@@ -60,6 +69,7 @@ class Waiter {
  private:
   Deadline deadline_;
   std::string_view what_;
+  bool yield_core_ = false;
   std::uint32_t rounds_ = 0;
   Clock::time_point started_{};
   WaitEntry* entry_ = nullptr;  ///< the wait table's entry, once the waiter first slept
@@ -68,10 +78,11 @@ class Waiter {
 /// Returns once ready() holds. ready() may have side effects (a lock's compare-exchange, a
 /// queue's dequeue): it is called until it first returns true. The condition is re-tested
 /// after every `pause`, so a spinning waiter sees a change within one cache-line transfer.
+/// `yield_core`: see Waiter.
 template <class Ready>
-void wait_until(WaitWord& word, Ready&& ready, Deadline deadline, std::string_view what) {
+void wait_until(WaitWord& word, Ready&& ready, Deadline deadline, std::string_view what, bool yield_core = false) {
   if (ready()) return;
-  Waiter waiter(deadline, what);
+  Waiter waiter(deadline, what, yield_core);
   for (;;) {
     if (waiter.spin()) {
       if (ready()) return;

@@ -1,0 +1,244 @@
+// Collectives across nodes, the ranks' side: each call is cut into steps that fit the node
+// bridge's buffer; in each step every contributor writes its part of the call's data, the agents
+// gather all parts on every node, and each rank computes its result from them (a reduction folds
+// the parts in rank order, as the one-node path does: the same bits). See nodal/detail/node_bridge.hpp.
+#include "internode/across_nodes.hpp"
+
+#include "copy.hpp"
+#include "reduce_kernels.hpp"
+#include "shm/algorithm_table.hpp"
+#include "shm/vector_collectives.hpp"
+
+#include <nodal/detail/node_bridge.hpp>
+#include <nodal/detail/wait_record.hpp>
+#include <nodal/errors.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace nodal::detail {
+
+namespace {
+
+/// The elements each contributor's data covers over the whole call, and whether only the root
+/// contributes.
+struct Shape {
+  std::size_t total = 0;
+  bool rooted = false;
+};
+
+Shape shape_of(const CollCall& call, int world_size) {
+  const std::size_t n = static_cast<std::size_t>(world_size);
+  switch (call.kind) {
+    case CollKind::barrier: return {0, false};
+    case CollKind::allreduce:
+    case CollKind::reduce:
+    case CollKind::allgather:
+    case CollKind::gather:
+    case CollKind::split: return {call.count, false};
+    case CollKind::reduce_scatter:
+    case CollKind::alltoall: return {call.count * n, false};
+    case CollKind::broadcast: return {call.count, true};
+    case CollKind::scatter: return {call.count * n, true};
+    default: return {0, false};  // the v-variants are refused before
+  }
+}
+
+/// What the wait table shows while a rank waits for a step.
+struct Waiting {
+  const CommState* comm;
+  const CollCall* call;
+  std::uint64_t number;
+  std::uint64_t step;
+};
+
+void describe_waiting(const void* context, std::string& what, std::string& waiting_for) {
+  const auto& w = *static_cast<const Waiting*>(context);
+  const NodeBridge& b = *w.comm->across_nodes->bridge;
+  what = fmt::format("{} #{} on communicator '{}' across {} nodes ({} x {})", coll_kind_name(w.call->kind), w.number,
+                     w.comm->name, b.nnodes, w.call->count, dtype_name(w.call->dtype));
+  std::vector<int> missing;
+  auto* ranks = const_cast<NodeBridge&>(b).ranks();
+  for (int j = 0; j < b.local_size; ++j) {
+    if (ranks[j].posted.load(std::memory_order_acquire) < w.step) missing.push_back(b.first_rank + j);
+  }
+  waiting_for = missing.empty()
+                    ? fmt::format("the other nodes (step {} is with this node's nodalrun)", w.step)
+                    : fmt::format("ranks {} of this node to make this call", fmt::join(missing, ", "));
+}
+
+/// This rank's result from one finished step: the step covers elements [e0, e0 + e) of every
+/// contributor's data, contributor j's at buf + j * step_bytes (rooted: the root's at buf).
+void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::size_t e0, std::size_t e) {
+  const std::size_t es = element_size(call.dtype);
+  const std::size_t step_bytes = e * es;
+  auto* out = static_cast<std::byte*>(call.output);
+  // The part of [e0, e0 + e) that is block `block` of count elements, as [lo, hi).
+  auto block_part = [&](std::size_t block, std::size_t& lo, std::size_t& hi) {
+    lo = std::max(e0, block * call.count);
+    hi = std::min(e0 + e, (block + 1) * call.count);
+    return lo < hi;
+  };
+  const auto mine = static_cast<std::size_t>(g);
+  switch (call.kind) {
+    case CollKind::allreduce:
+    case CollKind::reduce: {
+      if (call.kind == CollKind::reduce && g != call.root) return;
+      std::vector<const void*> srcs(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) srcs[j] = buf + static_cast<std::size_t>(j) * step_bytes;
+      reduce_n(call.dtype, call.op, out + e0 * es, srcs.data(), n, e);
+      return;
+    }
+    case CollKind::reduce_scatter: {
+      std::size_t lo, hi;
+      if (!block_part(mine, lo, hi)) return;
+      std::vector<const void*> srcs(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) srcs[j] = buf + static_cast<std::size_t>(j) * step_bytes + (lo - e0) * es;
+      reduce_n(call.dtype, call.op, out + (lo - mine * call.count) * es, srcs.data(), n, hi - lo);
+      return;
+    }
+    case CollKind::allgather:
+    case CollKind::gather:
+    case CollKind::split:
+      if (call.kind == CollKind::gather && g != call.root) return;
+      for (int j = 0; j < n; ++j) {
+        copy_bytes(out + (static_cast<std::size_t>(j) * call.count + e0) * es, buf + static_cast<std::size_t>(j) * step_bytes,
+                   step_bytes);
+      }
+      return;
+    case CollKind::alltoall: {
+      std::size_t lo, hi;
+      if (!block_part(mine, lo, hi)) return;
+      for (int j = 0; j < n; ++j) {
+        copy_bytes(out + (static_cast<std::size_t>(j) * call.count + lo - mine * call.count) * es,
+                   buf + static_cast<std::size_t>(j) * step_bytes + (lo - e0) * es, (hi - lo) * es);
+      }
+      return;
+    }
+    case CollKind::broadcast:
+      if (g != call.root) copy_bytes(out + e0 * es, buf, step_bytes);
+      return;
+    case CollKind::scatter: {
+      std::size_t lo, hi;
+      if (block_part(mine, lo, hi)) copy_bytes(out + (lo - mine * call.count) * es, buf + (lo - e0) * es, (hi - lo) * es);
+      return;
+    }
+    default: return;  // barrier
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int world_size) {
+  auto* bridge = static_cast<NodeBridge*>(arena.find(kNodeBridgeName));
+  if (!bridge || bridge->magic != NodeBridge::kMagic) {
+    throw UsageError("the job spans nodes (NODAL_NNODES > 1) but its arena has no node bridge: start the ranks with "
+                     "nodalrun under srun --mpi=pmix or mpirun, one nodalrun per node");
+  }
+  if (bridge->world_size != world_size || rank < bridge->first_rank || rank >= bridge->first_rank + bridge->local_size) {
+    throw UsageError(fmt::format("rank {} of {} does not belong to this node's bridge (ranks {}..{} of {})", rank, world_size,
+                                 bridge->first_rank, bridge->first_rank + bridge->local_size - 1, bridge->world_size));
+  }
+  auto state = std::make_shared<CommState>();
+  state->arena = &arena;
+  state->name = "world";
+  state->rank = rank;
+  state->size = world_size;
+  state->global_ranks.resize(static_cast<std::size_t>(world_size));
+  std::iota(state->global_ranks.begin(), state->global_ranks.end(), 0);
+  state->config = comm_config();
+  state->across_nodes = std::make_shared<BridgeClient>(BridgeClient{&arena, bridge, 0});
+  return state;
+}
+
+void run_across_nodes(CommState& comm, const CollCall& call) {
+  if (is_vector(call.kind)) {
+    throw UsageError(fmt::format("{} on communicator '{}': the v-variants do not run across nodes yet", coll_kind_name(call.kind),
+                                 comm.name));
+  }
+  if (call.on_gpu) {
+    throw UsageError(fmt::format("{} on communicator '{}': collectives on cuda tensors do not run across nodes yet",
+                                 coll_kind_name(call.kind), comm.name));
+  }
+  check_job_alive();
+  BridgeClient& client = *comm.across_nodes;
+  NodeBridge& b = *client.bridge;
+  const std::uint64_t number = ++comm.seq;
+  const int n = comm.size;
+  const int g = comm.rank;
+  const std::size_t es = element_size(call.dtype);
+  const Shape shape = shape_of(call, n);
+  const std::size_t per_step = b.capacity / es / (shape.rooted ? 1 : static_cast<std::size_t>(n));
+  if (per_step == 0) {
+    throw UsageError(fmt::format("{}: the node buffer of {} bytes (NODAL_NODE_BUFFER_BYTES) holds less than one element per "
+                                 "rank of {}",
+                                 coll_kind_name(call.kind), b.capacity, n));
+  }
+  comm.last_algorithm.store("across_nodes", std::memory_order_relaxed);
+  Waiting waiting{&comm, &call, number, 0};
+  BlockingCall blocking(&describe_waiting, &waiting);
+  BridgeRank& mine = b.ranks()[g - b.first_rank];
+  auto buffer_of = [&](std::uint64_t s) { return static_cast<std::byte*>(client.arena->at(b.buffer_offset[s % kNodeBuffers])); };
+  auto all_posted = [&](std::uint64_t s) {
+    for (int j = 0; j < b.local_size; ++j) {
+      if (b.ranks()[j].posted.load(std::memory_order_acquire) < s) return false;
+    }
+    return true;
+  };
+  // Waits for step s and takes this rank's part of its result, elements [e0, e0 + e).
+  auto take = [&](std::uint64_t s, std::size_t e0, std::size_t e) {
+    waiting.step = s;
+    // The step now needs the agent (a process of this node) and the network: the rank yields
+    // its core to them rather than spin on it (spinning with `pause` tripled a small step here).
+    wait_until(
+        b.word,
+        [&] { return b.done.load(std::memory_order_acquire) >= s || b.mismatch.load(std::memory_order_acquire) != 0; },
+        Deadline{}, "a collective across nodes", /*yield_core=*/true);
+    if (b.done.load(std::memory_order_acquire) < s) throw UsageError(std::string(b.message));
+    take_result(call, n, g, buffer_of(s), e0, e);
+  };
+  // Pipelined (nodal/detail/node_bridge.hpp): post step s, then take step s - 1's result.
+  std::optional<std::pair<std::size_t, std::size_t>> previous;  // the last posted step's elements
+  std::size_t e0 = 0;
+  do {
+    const std::size_t e = std::min(per_step, shape.total - e0);
+    const std::uint64_t s = ++client.step;
+    waiting.step = s;
+    // Its buffer's last user was step s - 3: free once every rank of this node posted s - 1.
+    wait_until(b.word, [&] { return all_posted(s - 1); }, Deadline{}, "a collective across nodes");
+    std::byte* buf = buffer_of(s);
+    const std::size_t step_bytes = e * es;
+    if (!shape.rooted) {
+      copy_bytes(buf + static_cast<std::size_t>(g) * step_bytes, bytes(call.input) + e0 * es, step_bytes);
+    } else if (g == call.root) {
+      copy_bytes(buf, bytes(call.input) + e0 * es, step_bytes);
+    }
+    BridgeStep& desc = mine.steps[s % 2];
+    desc = BridgeStep{static_cast<std::uint8_t>(call.kind),
+                      static_cast<std::uint8_t>(call.dtype),
+                      static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum),
+                      static_cast<std::uint8_t>(shape.rooted),
+                      call.root,
+                      call.count,
+                      step_bytes,
+                      number,
+                      {},
+                      {}};
+    std::strncpy(desc.name, coll_kind_name(call.kind), sizeof desc.name - 1);
+    dtype_name(call.dtype).copy(desc.type, sizeof desc.type - 1);
+    mine.posted.store(s, std::memory_order_release);
+    notify(b.word);
+    if (previous) take(s - 1, previous->first, previous->second);
+    previous = std::pair{e0, e};
+    e0 += e;
+  } while (e0 < shape.total);
+  take(client.step, previous->first, previous->second);
+}
+
+}  // namespace nodal::detail

@@ -1,0 +1,164 @@
+// The MPI engine behind nodalrun's multi-node mode (multinode/internode_plugin.h): a shared
+// library that nodalrun loads only when an outer launcher started it as one node's agent. The
+// agents are the MPI processes (the ranks are not: only what mpirun or srun started may call
+// MPI_Init); collectives run on a duplicate of MPI_COMM_WORLD, notices (failures, heartbeats) on
+// another, so neither matches the other's messages.
+#include "multinode/internode_plugin.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <string>
+#include <vector>
+
+struct nodal_internode {
+  MPI_Comm collectives = MPI_COMM_NULL;
+  MPI_Comm notices = MPI_COMM_NULL;
+  MPI_Request in_flight = MPI_REQUEST_NULL;
+  int rank = 0;
+  int size = 1;
+  std::vector<int> counts, displs;  // the allgatherv in flight
+  std::list<std::pair<MPI_Request, std::string>> sends;  // notices on their way
+};
+
+namespace {
+
+constexpr int kNoticeTag = 7;
+
+int say(char* error, size_t size, const std::string& text) {
+  std::snprintf(error, size, "%s", text.c_str());
+  return 1;
+}
+
+int mpi_error(char* error, size_t size, const char* call, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return say(error, size, std::string(call) + ": " + std::string(text, static_cast<size_t>(length)));
+}
+
+#define NODAL_MPI(call)                                  \
+  do {                                                   \
+    int code_ = (call);                                  \
+    if (code_ != MPI_SUCCESS) return mpi_error(error, error_size, #call, code_); \
+  } while (0)
+
+nodal_internode* init(char* error, size_t error_size) {
+  int provided = 0;
+  int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  if (code != MPI_SUCCESS) {
+    mpi_error(error, error_size, "MPI_Init_thread", code);
+    return nullptr;
+  }
+  auto* self = new nodal_internode;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_dup(MPI_COMM_WORLD, &self->collectives);
+  MPI_Comm_dup(MPI_COMM_WORLD, &self->notices);
+  MPI_Comm_set_errhandler(self->collectives, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(self->notices, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &self->rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &self->size);
+  return self;
+}
+
+int rank(nodal_internode* self) { return self->rank; }
+int size(nodal_internode* self) { return self->size; }
+
+int to_int(uint64_t value, int* out, char* error, size_t error_size) {
+  if (value > static_cast<uint64_t>(INT_MAX)) return say(error, error_size, "a count beyond MPI's int");
+  *out = static_cast<int>(value);
+  return 0;
+}
+
+int allgather_start(nodal_internode* self, const void* send, void* recv, uint64_t bytes, char* error, size_t error_size) {
+  int n = 0;
+  if (to_int(bytes, &n, error, error_size)) return 1;
+  NODAL_MPI(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, self->collectives, &self->in_flight));
+  return 0;
+}
+
+int allgatherv_start(nodal_internode* self, void* buffer, const uint64_t* counts, const uint64_t* displs, char* error,
+                     size_t error_size) {
+  self->counts.resize(static_cast<size_t>(self->size));
+  self->displs.resize(static_cast<size_t>(self->size));
+  for (int k = 0; k < self->size; ++k) {
+    if (to_int(counts[k], &self->counts[k], error, error_size) || to_int(displs[k], &self->displs[k], error, error_size)) {
+      return 1;
+    }
+  }
+  NODAL_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer, self->counts.data(), self->displs.data(), MPI_BYTE,
+                            self->collectives, &self->in_flight));
+  return 0;
+}
+
+int broadcast_start(nodal_internode* self, void* buffer, uint64_t bytes, int root, char* error, size_t error_size) {
+  int n = 0;
+  if (to_int(bytes, &n, error, error_size)) return 1;
+  NODAL_MPI(MPI_Ibcast(buffer, n, MPI_BYTE, root, self->collectives, &self->in_flight));
+  return 0;
+}
+
+int barrier_start(nodal_internode* self, char* error, size_t error_size) {
+  NODAL_MPI(MPI_Ibarrier(self->collectives, &self->in_flight));
+  return 0;
+}
+
+int test(nodal_internode* self, int* done, char* error, size_t error_size) {
+  *done = 0;
+  NODAL_MPI(MPI_Test(&self->in_flight, done, MPI_STATUS_IGNORE));
+  // Notices sent earlier that have gone can be forgotten.
+  for (auto it = self->sends.begin(); it != self->sends.end();) {
+    int sent = 0;
+    MPI_Test(&it->first, &sent, MPI_STATUS_IGNORE);
+    it = sent ? self->sends.erase(it) : std::next(it);
+  }
+  return 0;
+}
+
+int send_notice(nodal_internode* self, int dest, const void* data, uint32_t bytes, char* error, size_t error_size) {
+  self->sends.emplace_back(MPI_REQUEST_NULL, std::string(static_cast<const char*>(data), bytes));
+  auto& [request, copy] = self->sends.back();
+  NODAL_MPI(MPI_Isend(copy.data(), static_cast<int>(bytes), MPI_BYTE, dest, kNoticeTag, self->notices, &request));
+  return 0;
+}
+
+int poll_notice(nodal_internode* self, int* source, void* data, uint32_t capacity, uint32_t* bytes, char* error,
+                size_t error_size) {
+  *source = -1;
+  int pending = 0;
+  MPI_Status status;
+  NODAL_MPI(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, self->notices, &pending, &status));
+  if (!pending) return 0;
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  std::vector<char> message(static_cast<size_t>(count));
+  NODAL_MPI(MPI_Recv(message.data(), count, MPI_BYTE, status.MPI_SOURCE, kNoticeTag, self->notices, MPI_STATUS_IGNORE));
+  *bytes = static_cast<uint32_t>(std::min<size_t>(message.size(), capacity));
+  std::memcpy(data, message.data(), *bytes);
+  *source = status.MPI_SOURCE;
+  return 0;
+}
+
+void abort_job(nodal_internode*, int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
+int finalize(nodal_internode* self, char* error, size_t error_size) {
+  // Notices still on their way (small: sent eagerly) complete without us.
+  for (auto& [request, copy] : self->sends) MPI_Request_free(&request);
+  MPI_Comm_free(&self->collectives);
+  MPI_Comm_free(&self->notices);
+  delete self;
+  NODAL_MPI(MPI_Finalize());
+  return 0;
+}
+
+constexpr nodal_internode_ops kOps = {
+    NODAL_INTERNODE_ABI, "MPI", init, rank, size, allgather_start, allgatherv_start, broadcast_start, barrier_start, test,
+    send_notice, poll_notice, abort_job, finalize,
+};
+
+}  // namespace
+
+extern "C" const nodal_internode_ops* nodal_internode_plugin(void) { return &kOps; }

@@ -1,0 +1,448 @@
+#include "multinode/node_agent.hpp"
+
+#include <nodal/errors.hpp>
+#include <nodal/detail/node_bridge.hpp>
+#include <nodal/detail/posix.hpp>
+#include <nodal/detail/units.hpp>
+#include <nodal/detail/wait.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace nodal::launcher {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+/// What each agent tells the others at the start.
+struct NodeRecord {
+  std::int32_t local_size;
+  std::int32_t master_port;
+  char host[64];
+  char master_addr[128];
+};
+
+// Notices between agents: one letter, then words (text, so that a report can quote them).
+constexpr char kHeartbeat = 'H';
+constexpr char kFailure = 'F';  // "F<code> <text>"
+/// Room for data in every step's first allgather (with the descriptions): a small step's whole
+/// exchange is that one allgather of nnodes x (56 + kSmallNodeBytes) bytes.
+constexpr std::size_t kSmallNodeBytes = 1 << 10;
+/// How long the agent looks for the ranks' next call, yielding, before it sleeps on the bridge.
+constexpr auto kHotWait = std::chrono::microseconds(500);
+
+std::string host_name() {
+  char name[64] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+double env_seconds(const char* name, double fallback) {
+  const char* text = std::getenv(name);
+  if (!text) return fallback;
+  double value = 0;
+  auto [end, error] = std::from_chars(text, text + std::strlen(text), value);
+  if (error != std::errc() || *end != '\0' || !(value > 0)) {
+    throw UsageError(fmt::format("{}={}: expected a number of seconds > 0", name, text));
+  }
+  return value;
+}
+
+std::string describe_step(const detail::BridgeStep& s) {
+  if (s.kind == 0xff) return "a call that differs between this node's ranks";
+  std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call,
+                                 s.count, std::string(s.type, strnlen(s.type, sizeof s.type)));
+  if (s.root >= 0) text += fmt::format(", root {}", s.root);
+  return text;
+}
+
+}  // namespace
+
+NodeAgent::NodeAgent(const NodeLaunch& launch, const Options& options) {
+  node_timeout_ = std::chrono::duration<double>(env_seconds("NODAL_NODE_TIMEOUT", 10.0));
+  event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0) detail::throw_errno("eventfd");
+  // The agent thread, and the threads MPI starts from it, take no signals: nodalrun's event loop
+  // reads SIGCHLD and the forwarded signals from a signalfd, which sees only blocked signals.
+  sigset_t all, before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &before);
+  thread_ = std::thread([this, launch, options] { main(launch, options); });
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return ready_; });
+  if (error_) {
+    lock.unlock();
+    thread_.join();
+    ::close(event_fd_);
+    std::rethrow_exception(error_);
+  }
+}
+
+NodeAgent::~NodeAgent() {
+  // Only reached without finish() when nodalrun failed to run the job: end it everywhere.
+  if (thread_.joinable()) finish(1);
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+std::string NodeAgent::label(int node) const {
+  return fmt::format("node {} ({})", node, nodes_[static_cast<std::size_t>(node)].host);
+}
+
+void NodeAgent::main(const NodeLaunch& launch, const Options& options) {
+  try {
+    engine_ = InterNode::load();
+    if (engine_->size() != launch.nnodes || engine_->rank() != launch.node_rank) {
+      throw std::runtime_error(fmt::format("{} says node {} of {}, but {} joined this agent as {} of {}", launch.launcher,
+                                           launch.node_rank, launch.nnodes, engine_->engine(), engine_->rank(),
+                                           engine_->size()));
+    }
+    node_rank_ = engine_->rank();
+    exchange(options);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    error_ = std::current_exception();
+    ready_ = true;
+    changed_.notify_all();
+    return;
+  }
+  {
+    std::unique_lock lock(mutex_);
+    ready_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return arena_ != nullptr || finishing_; });
+  }
+  const auto now = SteadyClock::now();
+  last_heard_.assign(nodes_.size(), now);
+  last_beat_ = now;
+  try {
+    if (arena_) serve_steps();
+    int code;
+    {
+      std::unique_lock lock(mutex_);
+      serving_ = false;  // the arena may go now
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return finishing_; });
+      code = finish_code_;
+    }
+    // The end: every node meets before leaving (heartbeats and failures still flow meanwhile).
+    if (code == 0) {
+      engine_->barrier_start();
+      wait_collective(false);
+      std::lock_guard lock(mutex_);
+      if (!remote_) {
+        finished_ = true;
+        changed_.notify_all();
+        return;
+      }
+    }
+    poll();  // what finish() queued for the other nodes goes out
+  } catch (const std::exception& e) {
+    set_remote_failure({kNodeLostExitCode, fmt::format("the link to the other nodes failed: {}", e.what())});
+  }
+  std::lock_guard lock(mutex_);
+  serving_ = false;  // also when the engine threw while serving: stop_serving() waits for it
+  finished_ = true;
+  changed_.notify_all();
+}
+
+void NodeAgent::exchange(const Options& options) {
+  NodeRecord mine{};
+  mine.local_size = options.nprocs;
+  const std::string host = host_name();
+  std::snprintf(mine.host, sizeof mine.host, "%s", host.c_str());
+  std::snprintf(mine.master_addr, sizeof mine.master_addr, "%s", options.master_addr.value_or("").c_str());
+  mine.master_port = 29500;  // torchrun's default; node 0's choice is everyone's
+  std::vector<NodeRecord> all(static_cast<std::size_t>(engine_->size()));
+  engine_->allgather_start(&mine, all.data(), sizeof mine);
+  while (!engine_->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  int next = 0;
+  for (const NodeRecord& r : all) {
+    nodes_.push_back({r.local_size, next, std::string(r.host, strnlen(r.host, sizeof r.host))});
+    next += r.local_size;
+    if (std::strncmp(r.master_addr, all[0].master_addr, sizeof r.master_addr) != 0) {
+      throw UsageError(fmt::format("--master-addr differs between nodes: node 0 gave '{}', node {} '{}'",
+                                   all[0].master_addr, &r - all.data(), r.master_addr));
+    }
+  }
+  world_size_ = next;
+  master_addr_ = all[0].master_addr[0] ? std::string(all[0].master_addr) : nodes_[0].host;
+  master_port_ = all[0].master_port;
+}
+
+void NodeAgent::serve(Arena& arena) {
+  const std::size_t capacity = [] {
+    const char* text = std::getenv("NODAL_NODE_BUFFER_BYTES");
+    return text ? detail::parse_bytes(text) : detail::kNodeBufferBytes;
+  }();
+  const int local = nodes_[static_cast<std::size_t>(node_rank_)].local_size;
+  void* where = arena.find_or_create(detail::kNodeBridgeName, detail::NodeBridge::bytes_for(local), 64, [&](void* p) {
+    auto* b = new (p) detail::NodeBridge();
+    b->node_rank = node_rank_;
+    b->nnodes = nnodes();
+    b->local_size = local;
+    b->world_size = world_size_;
+    b->first_rank = first_rank();
+    b->capacity = capacity;
+    for (int j = 0; j < local; ++j) new (&b->ranks()[j]) detail::BridgeRank();
+  });
+  auto* bridge = static_cast<detail::NodeBridge*>(where);
+  for (std::uint64_t& offset : bridge->buffer_offset) offset = arena.offset_of(arena.allocate(capacity, 4096));
+  std::lock_guard lock(mutex_);
+  bridge_ = bridge;
+  arena_ = &arena;
+  serving_ = true;
+  changed_.notify_all();
+}
+
+bool NodeAgent::stopping() const {
+  std::lock_guard lock(mutex_);
+  return stop_serving_ || finishing_ || remote_.has_value();
+}
+
+void NodeAgent::stop_serving() {
+  std::unique_lock lock(mutex_);
+  stop_serving_ = true;
+  changed_.wait(lock, [&] { return !serving_; });
+}
+
+void NodeAgent::serve_steps() {
+  detail::NodeBridge& b = *bridge_;
+  auto all_posted = [&b](std::uint64_t step) {
+    for (int j = 0; j < b.local_size; ++j) {
+      if (b.ranks()[j].posted.load(std::memory_order_acquire) < step) return false;
+    }
+    return true;
+  };
+  // The first allgather of every step has the same size on every node: a description and room
+  // for kSmallNodeBytes of data (the largest node's ranks' parts of a small step).
+  int largest = 1;
+  for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
+  small_step_bytes_ = kSmallNodeBytes / static_cast<std::size_t>(largest);
+  block_bytes_ = sizeof(detail::BridgeStep) + kSmallNodeBytes;
+  block_.assign(block_bytes_, std::byte{0});
+  blocks_.assign(block_bytes_ * nodes_.size(), std::byte{0});
+  std::uint64_t step = 1;
+  while (!stopping()) {
+    poll();
+    if (b.mismatch.load(std::memory_order_acquire) != 0) {
+      detail::sleep_on(b.word, [] { return false; }, std::chrono::milliseconds(20));
+      continue;
+    }
+    // Calls come back to back in a loop: look for the next one, yielding, for kHotWait before
+    // sleeping on the bridge's word (a futex wake costs tens of microseconds here).
+    bool posted = false;
+    for (const auto hot_until = SteadyClock::now() + kHotWait; !posted && SteadyClock::now() < hot_until;) {
+      posted = all_posted(step);
+      if (!posted) std::this_thread::yield();
+    }
+    if (posted || detail::sleep_on(b.word, [&] { return all_posted(step); }, std::chrono::milliseconds(20))) {
+      if (!serve_step(step)) return;
+      ++step;
+    }
+  }
+}
+
+bool NodeAgent::serve_step(std::uint64_t s) {
+  detail::NodeBridge& b = *bridge_;
+  detail::BridgeRank* ranks = b.ranks();
+  detail::BridgeStep step = ranks[0].steps[s % 2];
+  std::string local_mismatch;
+  for (int j = 1; j < b.local_size; ++j) {
+    if (!(ranks[j].steps[s % 2] == step)) {
+      local_mismatch = fmt::format("ranks {} and {} on {} made different calls: {} and {}", b.first_rank,
+                                   b.first_rank + j, label(node_rank_), describe_step(step), describe_step(ranks[j].steps[s % 2]));
+      step.kind = 0xff;  // every node then sees the mismatch
+      break;
+    }
+  }
+  auto* buffer = static_cast<std::byte*>(arena_->at(b.buffer_offset[s % detail::kNodeBuffers]));
+  const NodeInfo& me = nodes_[static_cast<std::size_t>(node_rank_)];
+  int root_node = 0;
+  if (step.rooted) {
+    while (root_node + 1 < nnodes() && nodes_[static_cast<std::size_t>(root_node + 1)].first_rank <= step.root) ++root_node;
+  }
+  // What this node contributes to the step, at `buffer + my_offset` (non-rooted: its ranks'
+  // parts; rooted: the root's, on the root's node only).
+  auto contribution = [&](const NodeInfo& node, int k) -> std::pair<std::size_t, std::size_t> {
+    if (step.rooted) return {0, k == root_node ? step.bytes : 0};
+    return {static_cast<std::size_t>(node.first_rank) * step.bytes, static_cast<std::size_t>(node.local_size) * step.bytes};
+  };
+  const bool small = step.bytes <= small_step_bytes_;
+  std::memcpy(block_.data(), &step, sizeof step);
+  if (small && local_mismatch.empty()) {
+    const auto [offset, length] = contribution(me, node_rank_);
+    if (length > 0) std::memcpy(block_.data() + sizeof step, buffer + offset, length);
+  }
+  engine_->allgather_start(block_.data(), blocks_.data(), block_bytes_);
+  wait_collective(true);
+  if (stopping()) return false;
+  std::vector<detail::BridgeStep> steps(nodes_.size());
+  for (std::size_t k = 0; k < steps.size(); ++k) std::memcpy(&steps[k], blocks_.data() + k * block_bytes_, sizeof step);
+  for (std::size_t k = 1; k < steps.size() && local_mismatch.empty(); ++k) {
+    if (!(steps[k] == steps[0])) {
+      local_mismatch = steps[k].kind == 0xff || steps[0].kind == 0xff
+                           ? fmt::format("the ranks of {} made different calls", label(steps[0].kind == 0xff ? 0 : static_cast<int>(k)))
+                           : fmt::format("the nodes made different calls: {} on {}, {} on {}", describe_step(steps[0]),
+                                         label(0), describe_step(steps[k]), label(static_cast<int>(k)));
+    }
+  }
+  if (!local_mismatch.empty()) {
+    std::snprintf(b.message, sizeof b.message, "%s", local_mismatch.c_str());
+    b.mismatch.store(1, std::memory_order_release);
+    detail::notify(b.word);
+    return true;  // the job goes on failing by itself: every rank throws UsageError
+  }
+  if (small) {
+    // The data came with the descriptions: put the other nodes' parts where the ranks read them.
+    for (int k = 0; k < nnodes(); ++k) {
+      const auto [offset, length] = contribution(nodes_[static_cast<std::size_t>(k)], k);
+      if (k != node_rank_ && length > 0) {
+        std::memcpy(buffer + offset, blocks_.data() + static_cast<std::size_t>(k) * block_bytes_ + sizeof step, length);
+      }
+    }
+  } else if (step.rooted) {
+    engine_->broadcast_start(buffer, step.bytes, root_node);
+    wait_collective(true);
+  } else {
+    std::vector<std::uint64_t> counts, displs;
+    for (int k = 0; k < nnodes(); ++k) {
+      const auto [offset, length] = contribution(nodes_[static_cast<std::size_t>(k)], k);
+      counts.push_back(length);
+      displs.push_back(offset);
+    }
+    engine_->allgatherv_start(buffer, counts.data(), displs.data());
+    wait_collective(true);
+  }
+  if (stopping()) return false;
+  b.done.store(s, std::memory_order_release);
+  detail::notify(b.word);
+  return true;
+}
+
+void NodeAgent::wait_collective(bool serving) {
+  // A step between nodes takes microseconds, and this node's ranks sleep until it ends: the agent
+  // polls the engine, yielding the core between polls, for up to kSpin; then in naps of 50 us so
+  // that a long wait (another node still computing) does not take a core from the ranks.
+  constexpr auto kSpin = std::chrono::milliseconds(2);
+  const auto spin_until = SteadyClock::now() + kSpin;
+  for (int round = 0;; ++round) {
+    if (engine_->test()) return;
+    if (round % 64 == 0) {
+      poll();
+      std::lock_guard lock(mutex_);
+      // The job is over: the collective may never complete. (The end's barrier is not given up
+      // when the ranks are done: that is when it runs.)
+      if (remote_ || (serving && stop_serving_)) return;
+    }
+    if (SteadyClock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void NodeAgent::poll() {
+  std::deque<std::string> out;
+  {
+    std::lock_guard lock(mutex_);
+    out.swap(outgoing_);
+  }
+  for (const std::string& notice : out) {
+    for (int k = 0; k < nnodes(); ++k) {
+      if (k != node_rank_) engine_->send_notice(k, notice);
+    }
+  }
+  const auto now = SteadyClock::now();
+  while (std::optional<std::pair<int, std::string>> notice = engine_->poll_notice()) {
+    const auto& [from, text] = *notice;
+    last_heard_[static_cast<std::size_t>(from)] = now;
+    if (!text.empty() && text[0] == kFailure) {
+      int code = 1;
+      const char* space = std::strchr(text.c_str(), ' ');
+      std::from_chars(text.data() + 1, space ? space : text.data() + text.size(), code);
+      set_remote_failure({code, space ? std::string(space + 1) : text});
+    }
+  }
+  if (now - last_beat_ >= node_timeout_ / 4) {
+    for (int k = 0; k < nnodes(); ++k) {
+      if (k != node_rank_) engine_->send_notice(k, std::string(1, kHeartbeat));
+    }
+    last_beat_ = now;
+  }
+  for (int k = 0; k < nnodes(); ++k) {
+    if (k != node_rank_ && now - last_heard_[static_cast<std::size_t>(k)] > node_timeout_) {
+      set_remote_failure({kNodeLostExitCode,
+                          fmt::format("{} was lost: nothing heard from it for {:g} s (NODAL_NODE_TIMEOUT)", label(k),
+                                      node_timeout_.count())});
+      last_heard_[static_cast<std::size_t>(k)] = now;  // said once
+    }
+  }
+}
+
+void NodeAgent::set_remote_failure(RemoteFailure failure) {
+  std::lock_guard lock(mutex_);
+  if (remote_) return;
+  remote_ = std::move(failure);
+  const std::uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof one);
+}
+
+std::optional<RemoteFailure> NodeAgent::remote_failure() {
+  std::uint64_t count;
+  [[maybe_unused]] ssize_t n = ::read(event_fd_, &count, sizeof count);
+  std::lock_guard lock(mutex_);
+  if (!remote_ || remote_taken_) return std::nullopt;
+  remote_taken_ = true;
+  return remote_;
+}
+
+void NodeAgent::announce_failure(int global_rank, int exit_code, const std::string& detail) {
+  const std::string who = global_rank >= 0 ? fmt::format("rank {} on {}", global_rank, label(node_rank_)) : label(node_rank_);
+  std::lock_guard lock(mutex_);
+  outgoing_.push_back(fmt::format("{}{} {} failed first: {}", kFailure, exit_code, who, detail));
+}
+
+int NodeAgent::finish(int exit_code) {
+  stop_serving();
+  {
+    std::lock_guard lock(mutex_);
+    finishing_ = true;
+    finish_code_ = exit_code;
+    changed_.notify_all();
+  }
+  if (exit_code == 0) {
+    thread_.join();
+    std::lock_guard lock(mutex_);
+    if (!remote_) {
+      engine_->finalize();
+      return 0;
+    }
+    exit_code = remote_->exit_code;
+    detail::write_all(STDERR_FILENO, fmt::format("nodalrun: this node's ranks succeeded, but {}\n", remote_->detail));
+  } else {
+    // The thread sends what is queued, unless it is stuck in the engine (a lost link): then the
+    // abort below ends the job regardless.
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(1), [&] { return finished_; });
+  }
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::_Exit(exit_code);
+  }).detach();
+  engine_->abort(exit_code);
+  std::_Exit(exit_code);
+}
+
+}  // namespace nodal::launcher

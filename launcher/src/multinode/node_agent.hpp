@@ -1,0 +1,135 @@
+// nodalrun as one node's agent of a job that spans nodes (DESIGN.md "Multi-node"; Open MPI's
+// coll/han and UCC's cl/hier for the shape). The agents are the job's MPI processes: they join
+// through the engine (internode.hpp) before any rank starts, agree on the global ranks (torchrun's
+// rule: node k's ranks follow node k-1's), move the steps of the ranks' collectives between nodes
+// (nodal/detail/node_bridge.hpp), and carry failures: a rank's failure on one node is announced to
+// every other (named in their reports), and a node not heard from for NODAL_NODE_TIMEOUT seconds
+// (default 10; heartbeats every quarter of it) fails the job on the others.
+//
+// All engine calls but abort run on the agent's own thread; nodalrun's event loop learns of a
+// remote failure through event_fd().
+#pragma once
+
+#include <nodal/arena.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multinode/internode.hpp"
+#include "multinode/node_launch.hpp"
+#include "options.hpp"
+
+namespace nodal::detail {
+struct NodeBridge;
+}
+
+namespace nodal::launcher {
+
+struct NodeInfo {
+  int local_size = 0;  ///< ranks on the node (its nodalrun's -n)
+  int first_rank = 0;  ///< the global rank of its local rank 0
+  std::string host;
+};
+
+/// What ended the job elsewhere, as this node reports it.
+struct RemoteFailure {
+  int exit_code = 1;
+  std::string detail;  ///< "rank 3 on node 1 (host) failed first: exited with code 3"
+};
+
+/// nodalrun's exit code when a node is lost (not heard from within NODAL_NODE_TIMEOUT).
+inline constexpr int kNodeLostExitCode = 1;
+
+class NodeAgent {
+ public:
+  /// Joins the other agents and exchanges every node's rank count (options.nprocs), host name
+  /// and MASTER_ADDR (options.master_addr or node 0's host; every node must give the same).
+  /// Throws UsageError for disagreeing nodes, std::runtime_error when the engine cannot start.
+  NodeAgent(const NodeLaunch& launch, const Options& options);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  int node_rank() const { return node_rank_; }
+  int nnodes() const { return static_cast<int>(nodes_.size()); }
+  int world_size() const { return world_size_; }
+  int first_rank() const { return nodes_[static_cast<std::size_t>(node_rank_)].first_rank; }
+  const std::vector<NodeInfo>& nodes() const { return nodes_; }
+  const std::string& master_addr() const { return master_addr_; }
+  int master_port() const { return master_port_; }
+  /// "node 1 (host)".
+  std::string label(int node) const;
+
+  /// Makes the node bridge in `arena` (before the ranks start) and serves it until finish().
+  /// Throws ShmError when the arena has no room for its buffers.
+  void serve(Arena& arena);
+  /// Readable (an eventfd) when remote_failure() has something.
+  int event_fd() const { return event_fd_; }
+  std::optional<RemoteFailure> remote_failure();
+  /// A rank of this node failed: tell the other nodes (`global_rank` -1 when no rank is to blame).
+  void announce_failure(int global_rank, int exit_code, const std::string& detail);
+  /// The ranks are done: stop reading the arena (returns once the agent no longer touches it).
+  void stop_serving();
+  /// The job's end on this node with `exit_code`. 0: waits for every node to end (heartbeats go
+  /// on meanwhile), leaves the job and returns 0, or a remote failure's code if one came first.
+  /// Else: tells the other nodes, then ends the job everywhere through the launcher (MPI_Abort;
+  /// if that has not ended this process within 5 s, it exits with `exit_code`): does not return.
+  int finish(int exit_code);
+
+ private:
+  void main(const NodeLaunch& launch, const Options& options);
+  void exchange(const Options& options);
+  void serve_steps();
+  bool serve_step(std::uint64_t step);
+  /// Sends what is queued, receives notices, sends heartbeats, checks the other nodes' silence.
+  void poll();
+  /// Until the engine's collective completes, polling meanwhile; gives up when another node
+  /// failed or (`serving`) the ranks are done.
+  void wait_collective(bool serving);
+  void set_remote_failure(RemoteFailure failure);
+  bool stopping() const;
+
+  std::unique_ptr<InterNode> engine_;
+  std::thread thread_;
+  int node_rank_ = 0;
+  int world_size_ = 0;
+  std::vector<NodeInfo> nodes_;
+  std::string master_addr_;
+  int master_port_ = 0;
+  int event_fd_ = -1;
+  std::chrono::duration<double> node_timeout_{10.0};
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool ready_ = false;            ///< the exchange is done (or failed: error_)
+  std::exception_ptr error_;
+  Arena* arena_ = nullptr;        ///< set by serve()
+  bool serving_ = false;          ///< the agent thread may touch the arena
+  bool stop_serving_ = false;     ///< stop_serving() was called
+  bool finishing_ = false;        ///< finish() was called
+  bool finished_ = false;         ///< the thread is done
+  int finish_code_ = 0;
+  std::deque<std::string> outgoing_;
+  std::optional<RemoteFailure> remote_;
+  bool remote_taken_ = false;
+
+  // The agent thread's own.
+  detail::NodeBridge* bridge_ = nullptr;
+  /// A step whose data is at most this many bytes per rank rides with the step descriptions in
+  /// one allgather of fixed blocks (see serve_step); the same on every node.
+  std::size_t small_step_bytes_ = 0;
+  std::size_t block_bytes_ = 0;     ///< one node's block in that allgather
+  std::vector<std::byte> block_;    ///< this node's block
+  std::vector<std::byte> blocks_;   ///< every node's
+  std::vector<std::chrono::steady_clock::time_point> last_heard_;
+  std::chrono::steady_clock::time_point last_beat_{};
+};
+
+}  // namespace nodal::launcher
