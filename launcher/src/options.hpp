@@ -58,8 +58,10 @@ struct Options {
   std::optional<int> node_rank;
   std::optional<std::string> master_addr;
   /// Set by nodalrun itself in multi-node mode (not flags): the global rank of its local rank 0,
-  /// and how its node is named in reports ("node 1 (host)"); 0 and empty on one node.
+  /// the job's world size (every node's ranks), and how its node is named in reports ("node 1
+  /// (host)"); on one node 0, nprocs and empty.
   int first_rank = 0;
+  std::optional<int> world_size;
   std::string node_label;
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;

@@ -82,7 +82,10 @@ void write_json_report(const JobSummary& job, const std::string& path) {
   namespace json = boost::json;
   json::object root;
   root["job_id"] = job.job_id;
-  root["world_size"] = job.options.nprocs;
+  // Ranks are the job's (global) ranks; this node's are first_rank .. first_rank + local_world_size - 1.
+  root["world_size"] = job.options.world_size.value_or(job.options.nprocs);
+  root["local_world_size"] = job.options.nprocs;
+  root["first_rank"] = job.options.first_rank;
   root["command"] = json::value_from(job.options.command);
   root["exit_code"] = job.exit_code;
   root["wall_time_s"] = seconds_between(job.started, job.ended);
@@ -91,7 +94,7 @@ void write_json_report(const JobSummary& job, const std::string& path) {
     const Failure& f = *job.failure;
     json::object failure;
     failure["kind"] = kind_name(f.kind);
-    failure["rank"] = f.rank;
+    failure["rank"] = f.rank >= 0 ? f.rank + job.options.first_rank : -1;
     failure["pid"] = f.pid;
     failure["exit_code"] = f.exit_code;
     failure["signal"] = f.signal ? json::value(detail::signal_name(f.signal)) : json::value();
@@ -115,7 +118,8 @@ void write_json_report(const JobSummary& job, const std::string& path) {
   json::array ranks;
   for (const RankRecord& r : job.ranks) {
     json::object o;
-    o["rank"] = r.rank;
+    o["rank"] = r.rank + job.options.first_rank;
+    o["local_rank"] = r.rank;
     o["pid"] = r.pid;
     o["started"] = r.pid > 0;
     o["exit_code"] = r.reaped && WIFEXITED(r.wait_status) ? json::value(WEXITSTATUS(r.wait_status)) : json::value();
@@ -136,7 +140,7 @@ void write_json_report(const JobSummary& job, const std::string& path) {
     o["ended_s"] = a.ended_s;
     o["exit_code"] = a.exit_code;
     o["kind"] = a.failure ? json::value(kind_name(a.failure->kind)) : json::value(a.interrupted_by ? "interrupted" : "success");
-    o["rank"] = a.failure ? a.failure->rank : -1;
+    o["rank"] = a.failure && a.failure->rank >= 0 ? a.failure->rank + job.options.first_rank : -1;
     o["cause"] = a.failure ? a.failure->detail : std::string();
     o["failed_s"] = a.failure ? json::value(a.failed_s) : json::value();
     attempts.emplace_back(std::move(o));

@@ -38,7 +38,8 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 }  // namespace
 
-StallWatch::StallWatch(Arena& arena, double stall_timeout_s) : arena_(arena), stall_timeout_s_(stall_timeout_s) {}
+StallWatch::StallWatch(Arena& arena, double stall_timeout_s, int first_rank)
+    : arena_(arena), stall_timeout_s_(stall_timeout_s), first_rank_(first_rank) {}
 
 double StallWatch::quiet_for_s(Clock::time_point now) const { return seconds_between(last_progress_, now); }
 
@@ -86,7 +87,7 @@ StatusTable StallWatch::take_table(const std::vector<RankRecord>& ranks, Clock::
   const detail::RankWaits* rows = detail::wait_table(arena_, &world_size);
   const std::int64_t now_ns = realtime_ns();
   for (const RankRecord& r : ranks) {
-    RankStatus row{r.rank, r.pid, {}, {}, 0};
+    RankStatus row{first_rank_ + r.rank, r.pid, {}, {}, 0};
     if (r.pid <= 0) {
       row.state = "not started";
     } else if (r.reaped) {
@@ -135,7 +136,7 @@ void StallWatch::begin_diagnosis(const std::vector<RankRecord>& ranks, Clock::ti
 
 void StallWatch::on_stack(int rank, std::string text) {
   if (!pending_) return;  // late: the diagnosis already gave up on it
-  pending_->stacks.emplace_back(rank, std::move(text));
+  pending_->stacks.emplace_back(first_rank_ + rank, std::move(text));
 }
 
 bool StallWatch::finish_diagnosis(Clock::time_point now) {

@@ -19,7 +19,7 @@ namespace nodal::launcher {
 
 /// One line of the status table.
 struct RankStatus {
-  int rank = 0;
+  int rank = 0;  ///< the global rank
   int pid = -1;
   std::string state;  ///< "not started", "running", "waiting", "working", "exited"
   std::string text;   ///< the rest of the line, in words
@@ -38,8 +38,9 @@ struct StatusTable {
 
 class StallWatch {
  public:
-  /// `stall_timeout_s` 0: never a stall (the table is still there for SIGQUIT).
-  StallWatch(Arena& arena, double stall_timeout_s);
+  /// `stall_timeout_s` 0: never a stall (the table is still there for SIGQUIT). The table names
+  /// ranks by their global rank, `first_rank` + local rank (multi-node; 0 on one node).
+  StallWatch(Arena& arena, double stall_timeout_s, int first_rank);
 
   /// Reads every rank's heartbeat: true once, when the job has stalled, i.e. no rank finished a
   /// nodal call or exited for the stall timeout while some rank waits in one. True again only
@@ -49,7 +50,7 @@ class StallWatch {
   /// Takes the table, prints it on stderr at once and asks the waiting threads for their stacks.
   void begin_diagnosis(const std::vector<RankRecord>& ranks, Clock::time_point job_started, Clock::time_point now,
                        std::string reason);
-  /// A waiting thread's stack (ControlKind::wait_stack).
+  /// A waiting thread's stack (ControlKind::wait_stack); `rank` is the local rank.
   void on_stack(int rank, std::string text);
   bool diagnosing() const { return pending_.has_value(); }
   /// Once every asked thread answered or the wait for them ran out: prints the stacks and keeps
@@ -67,6 +68,7 @@ class StallWatch {
 
   Arena& arena_;
   double stall_timeout_s_;
+  int first_rank_;
   std::vector<std::uint64_t> heartbeats_;
   int exited_ = 0;
   Clock::time_point last_progress_{};

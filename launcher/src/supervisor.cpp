@@ -31,6 +31,7 @@
 #include <fmt/ranges.h>
 
 #include "cgroup.hpp"
+#include "free_port.hpp"
 #include "launch.hpp"
 #include "report.hpp"
 
@@ -60,23 +61,6 @@ const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 constexpr int kStatusSignal = SIGQUIT;
 /// How often the stall watch reads the wait table while a diagnosis collects stacks.
 constexpr double kDiagnosisTick = 0.02;
-
-/// A TCP port free right now on 127.0.0.1, for torch.distributed's env:// rendezvous.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw_errno("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) < 0) {
-    ::close(fd);
-    throw_errno("bind(127.0.0.1:0)");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 /// Sets NAME=VALUE in `env`, replacing an entry of the same name.
 void set_environment(std::vector<std::string>& env, std::string entry) {
@@ -201,7 +185,7 @@ void Supervisor::set_up() {
   }
   arena_ = Arena::create(options_.shm_size, options_.shm_strategy, arena_path, wait_table_bytes(options_.nprocs));
   create_wait_table(*arena_, options_.nprocs);
-  stall_watch_ = std::make_unique<StallWatch>(*arena_, options_.stall_timeout_seconds);
+  stall_watch_ = std::make_unique<StallWatch>(*arena_, options_.stall_timeout_seconds, options_.first_rank);
   if (agent_) {  // before the ranks: they find the bridge at nodal::init()
     agent_->serve(*arena_);
     watch(agent_->event_fd(), kTagNode);
@@ -245,11 +229,14 @@ std::vector<std::string> Supervisor::base_environment() const {
     std::string_view entry(*e);
     std::string name(entry.substr(0, entry.find('=')));
     const bool gpus_set = name == kEnvCudaVisibleDevices || name == kEnvCudaDeviceOrder;
-    // Across nodes the outer launcher's wire-up is the agent's alone (a rank that found it would
-    // take itself for the agent), and Slurm's per-task values are the rank's (set per rank).
-    const bool launchers = agent_ && (name.starts_with("PMIX_") || name.starts_with("OMPI_") || name.starts_with("PMI_") ||
-                                      name == "SLURM_PROCID" || name == "SLURM_LOCALID" || name == "SLURM_NTASKS" ||
-                                      name == "SLURM_NPROCS");
+    // An outer launcher's wire-up (nodalrun started by srun --mpi=pmix or mpirun) is not the
+    // ranks': across nodes it is the agent's alone (a rank that found it would take itself for the
+    // agent), and under --mpi a rank's is nodalrun's own. Across nodes Open MPI's per-process
+    // values go too, and Slurm's per-task values are set per rank.
+    const bool wireup = name.starts_with("PMI_") || name.starts_with("PMIX_");
+    const bool launchers = (agent_ && (wireup || name.starts_with("OMPI_") || name == "SLURM_PROCID" ||
+                                       name == "SLURM_LOCALID" || name == "SLURM_NTASKS" || name == "SLURM_NPROCS")) ||
+                           (mpi_ && wireup);
     if (!ours.count(name) && !(gpus_ && gpus_set) && !launchers) env.emplace_back(entry);
   }
   for (const std::string& item : options_.exports) {
@@ -263,7 +250,7 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvWorldSize, std::to_string(agent_ ? agent_->world_size() : options_.nprocs));
   set(kEnvLocalWorldSize, std::to_string(options_.nprocs));
   set(kEnvMasterAddr, agent_ ? agent_->master_addr() : std::string("127.0.0.1"));
-  set(kEnvMasterPort, std::to_string(agent_ ? agent_->master_port() : free_port()));
+  set(kEnvMasterPort, std::to_string(agent_ ? agent_->master_port() : free_port(PortScope::loopback)));
   if (agent_) {
     set(kEnvNodeRank, std::to_string(agent_->node_rank()));
     set(kEnvNnodes, std::to_string(agent_->nnodes()));
@@ -313,11 +300,6 @@ void Supervisor::open_rank_pipes(RankRecord& rank, int& out_write, int& err_writ
 
 void Supervisor::start_spawn() {
   std::vector<std::string> env = base_environment();
-  if (mpi_) {
-    // The wire-up a rank finds is nodalrun's alone: not an outer launcher's (nodalrun itself
-    // started by srun --mpi=pmix or mpirun), whose PMI_/PMIX_ variables would point elsewhere.
-    std::erase_if(env, [](const std::string& e) { return e.starts_with("PMI_") || e.starts_with("PMIX_"); });
-  }
   std::vector<std::pair<int, int>> write_ends;
   for (RankRecord& rank : ranks_) {
     int out = -1, err = -1;

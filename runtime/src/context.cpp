@@ -98,6 +98,9 @@ void fork_ranks_as_zygote() {
   // This node's ranks (in multi-node mode the job's WORLD_SIZE counts every node's).
   const int world_size = env_int(kEnvLocalWorldSize, env_int(kEnvWorldSize, 1));
   const int first_rank = env_int(kEnvFirstRank, 0);
+  // One node of a job under srun: each rank is a Slurm task of its own (nodalrun set
+  // SLURM_NTASKS to the job's world size), as with the spawn start method.
+  const bool slurm_tasks = std::getenv(kEnvFirstRank) && std::getenv("SLURM_NTASKS");
   const pid_t launcher = env_int(kEnvLauncherPid, -1);
   std::vector<RankPipes> pipes = parse_forkserver_fds(getenv_or_empty(kEnvForkserverFds));
   const std::string cpus = getenv_or_empty(kEnvForkserverCpus);
@@ -151,6 +154,10 @@ void fork_ranks_as_zygote() {
       ::setenv(kEnvRank, std::to_string(first_rank + rank).c_str(), 1);
       ::unsetenv(kEnvFirstRank);
       ::setenv(kEnvLocalRank, std::to_string(rank).c_str(), 1);
+      if (slurm_tasks) {
+        ::setenv("SLURM_PROCID", std::to_string(first_rank + rank).c_str(), 1);
+        ::setenv("SLURM_LOCALID", std::to_string(rank).c_str(), 1);
+      }
       ::unsetenv(kEnvStartMethod);
       ::unsetenv(kEnvForkserverFds);
       ::unsetenv(kEnvForkserverCpus);

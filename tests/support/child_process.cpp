@@ -19,6 +19,8 @@
 #include <system_error>
 #include <thread>
 
+#include <fmt/format.h>
+
 extern char** environ;
 
 namespace nodal::testing {
@@ -110,6 +112,7 @@ ChildResult ChildProcess::wait(std::chrono::milliseconds timeout) {
     if (reaped_ && !open) break;
     if (std::chrono::steady_clock::now() >= deadline) {
       result_.timed_out = true;
+      result_.err += timeout_diagnosis();
       if (!reaped_) {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, &status, 0);
@@ -121,6 +124,20 @@ ChildResult ChildProcess::wait(std::chrono::milliseconds timeout) {
     if (reaped_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return result_;
+}
+
+std::string ChildProcess::timeout_diagnosis() {
+  if (reaped_) {
+    return fmt::format("\n[test harness] timed out: pid {} had exited with {}, but its stdout or stderr stayed open "
+                       "(a descendant still holds them)\n", pid_, result_.exit_code);
+  }
+  std::string text = fmt::format("\n[test harness] timed out: pid {} was still running", pid_);
+  const char* gdb = "/usr/bin/gdb";
+  if (::access(gdb, X_OK) != 0) return text + " (no gdb for its stacks)\n";
+  // A stuck program's threads say where it is stuck: the one clue a timeout on CI leaves.
+  ChildResult stacks = run({gdb, "-p", std::to_string(pid_), "-batch", "-nx", "-ex", "thread apply all bt"},
+                           std::chrono::seconds(30));
+  return text + "; its threads:\n" + stacks.out + stacks.err + "\n";
 }
 
 ChildResult run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,

@@ -14,7 +14,7 @@ namespace nodal::testing {
 
 struct ChildResult {
   int exit_code = -1;  ///< the shell's convention: the code, or 128 + signal
-  bool timed_out = false;
+  bool timed_out = false;  ///< then `err` ends with what the harness saw (the child's stacks, from gdb)
   std::string out;
   std::string err;
 };
@@ -40,6 +40,7 @@ class ChildProcess {
 
  private:
   bool pump(int timeout_ms);  ///< one poll round; false when both pipes are closed
+  std::string timeout_diagnosis();  ///< where the child is at its deadline (its threads' stacks)
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;

@@ -23,7 +23,7 @@ typedef struct nodal_internode nodal_internode; /* the engine's handle */
 typedef struct nodal_internode_ops {
   int abi; /* NODAL_INTERNODE_ABI */
   const char* name;
-  /* Joins the agents of the job (MPI_Init_thread); NULL on failure. */
+  /* Joins the agents of the job (MPI_Init_thread, needing MPI_THREAD_MULTIPLE); NULL on failure. */
   nodal_internode* (*init)(char* error, size_t error_size);
   int (*rank)(nodal_internode*);
   int (*size)(nodal_internode*);

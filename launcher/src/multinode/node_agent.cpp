@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "free_port.hpp"
+
 namespace nodal::launcher {
 namespace {
 
@@ -27,7 +29,8 @@ using SteadyClock = std::chrono::steady_clock;
 /// What each agent tells the others at the start.
 struct NodeRecord {
   std::int32_t local_size;
-  std::int32_t master_port;
+  std::int32_t master_port;  ///< node 0's is everyone's
+  std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
   char host[64];
   char master_addr[128];
 };
@@ -116,31 +119,41 @@ void NodeAgent::main(const NodeLaunch& launch, const Options& options) {
     changed_.notify_all();
     return;
   }
-  {
-    std::unique_lock lock(mutex_);
-    ready_ = true;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return arena_ != nullptr || finishing_; });
-  }
   const auto now = SteadyClock::now();
   last_heard_.assign(nodes_.size(), now);
   last_beat_ = now;
+  {
+    std::lock_guard lock(mutex_);
+    ready_ = true;
+    changed_.notify_all();
+  }
   try {
+    // Heartbeats go on while this node sets up its ranks (serve) and after they are done (finish).
+    wait_polling([&] { return arena_ != nullptr || finishing_; });
     if (arena_) serve_steps();
-    int code;
     {
-      std::unique_lock lock(mutex_);
+      std::lock_guard lock(mutex_);
       serving_ = false;  // the arena may go now
       changed_.notify_all();
-      changed_.wait(lock, [&] { return finishing_; });
+    }
+    wait_polling([&] { return finishing_; });
+    int code;
+    {
+      std::lock_guard lock(mutex_);
       code = finish_code_;
     }
     // The end: every node meets before leaving (heartbeats and failures still flow meanwhile).
     if (code == 0) {
       engine_->barrier_start();
       wait_collective(false);
-      std::lock_guard lock(mutex_);
-      if (!remote_) {
+      bool failed;
+      {
+        std::lock_guard lock(mutex_);
+        failed = remote_.has_value();
+      }
+      if (!failed) {
+        engine_->finalize();  // on the thread that joined (MPI_Finalize belongs to MPI_Init's thread)
+        std::lock_guard lock(mutex_);
         finished_ = true;
         changed_.notify_all();
         return;
@@ -162,29 +175,35 @@ void NodeAgent::exchange(const Options& options) {
   const std::string host = host_name();
   std::snprintf(mine.host, sizeof mine.host, "%s", host.c_str());
   std::snprintf(mine.master_addr, sizeof mine.master_addr, "%s", options.master_addr.value_or("").c_str());
-  mine.master_port = 29500;  // torchrun's default; node 0's choice is everyone's
+  // Where torch's TCPStore listens (rank 0, on node 0): a port free there on every interface.
+  mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
+  const char* buffer_text = std::getenv("NODAL_NODE_BUFFER_BYTES");
+  mine.buffer_bytes = buffer_text ? detail::parse_bytes(buffer_text) : detail::kNodeBufferBytes;
   std::vector<NodeRecord> all(static_cast<std::size_t>(engine_->size()));
   engine_->allgather_start(&mine, all.data(), sizeof mine);
   while (!engine_->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
   int next = 0;
   for (const NodeRecord& r : all) {
+    const auto node = &r - all.data();
     nodes_.push_back({r.local_size, next, std::string(r.host, strnlen(r.host, sizeof r.host))});
     next += r.local_size;
     if (std::strncmp(r.master_addr, all[0].master_addr, sizeof r.master_addr) != 0) {
       throw UsageError(fmt::format("--master-addr differs between nodes: node 0 gave '{}', node {} '{}'",
-                                   all[0].master_addr, &r - all.data(), r.master_addr));
+                                   all[0].master_addr, node, r.master_addr));
+    }
+    if (r.buffer_bytes != all[0].buffer_bytes) {
+      throw UsageError(fmt::format("NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has {}, node {} {}",
+                                   all[0].buffer_bytes, node, r.buffer_bytes));
     }
   }
   world_size_ = next;
   master_addr_ = all[0].master_addr[0] ? std::string(all[0].master_addr) : nodes_[0].host;
   master_port_ = all[0].master_port;
+  buffer_bytes_ = static_cast<std::size_t>(all[0].buffer_bytes);
 }
 
 void NodeAgent::serve(Arena& arena) {
-  const std::size_t capacity = [] {
-    const char* text = std::getenv("NODAL_NODE_BUFFER_BYTES");
-    return text ? detail::parse_bytes(text) : detail::kNodeBufferBytes;
-  }();
+  const std::size_t capacity = buffer_bytes_;
   const int local = nodes_[static_cast<std::size_t>(node_rank_)].local_size;
   void* where = arena.find_or_create(detail::kNodeBridgeName, detail::NodeBridge::bytes_for(local), 64, [&](void* p) {
     auto* b = new (p) detail::NodeBridge();
@@ -353,6 +372,15 @@ void NodeAgent::wait_collective(bool serving) {
   }
 }
 
+void NodeAgent::wait_polling(const std::function<bool()>& done) {
+  std::unique_lock lock(mutex_);
+  while (!changed_.wait_for(lock, std::chrono::milliseconds(20), done)) {
+    lock.unlock();
+    poll();
+    lock.lock();
+  }
+}
+
 void NodeAgent::poll() {
   std::deque<std::string> out;
   {
@@ -425,10 +453,7 @@ int NodeAgent::finish(int exit_code) {
   if (exit_code == 0) {
     thread_.join();
     std::lock_guard lock(mutex_);
-    if (!remote_) {
-      engine_->finalize();
-      return 0;
-    }
+    if (!remote_) return 0;  // the thread has left the job
     exit_code = remote_->exit_code;
     detail::write_all(STDERR_FILENO, fmt::format("nodalrun: this node's ranks succeeded, but {}\n", remote_->detail));
   } else {

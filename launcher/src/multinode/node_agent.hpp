@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,8 +50,9 @@ inline constexpr int kNodeLostExitCode = 1;
 
 class NodeAgent {
  public:
-  /// Joins the other agents and exchanges every node's rank count (options.nprocs), host name
-  /// and MASTER_ADDR (options.master_addr or node 0's host; every node must give the same).
+  /// Joins the other agents and exchanges every node's rank count (options.nprocs), host name,
+  /// MASTER_ADDR (options.master_addr or node 0's host; every node must give the same),
+  /// MASTER_PORT (free on node 0) and step buffer size (NODAL_NODE_BUFFER_BYTES, the same on all).
   /// Throws UsageError for disagreeing nodes, std::runtime_error when the engine cannot start.
   NodeAgent(const NodeLaunch& launch, const Options& options);
   ~NodeAgent();
@@ -93,6 +95,8 @@ class NodeAgent {
   /// Until the engine's collective completes, polling meanwhile; gives up when another node
   /// failed or (`serving`) the ranks are done.
   void wait_collective(bool serving);
+  /// Until `done` (read under mutex_) holds, polling every 20 ms meanwhile.
+  void wait_polling(const std::function<bool()>& done);
   void set_remote_failure(RemoteFailure failure);
   bool stopping() const;
 
@@ -103,6 +107,7 @@ class NodeAgent {
   std::vector<NodeInfo> nodes_;
   std::string master_addr_;
   int master_port_ = 0;
+  std::size_t buffer_bytes_ = 0;  ///< each step buffer's size (NODAL_NODE_BUFFER_BYTES), the same on every node
   int event_fd_ = -1;
   std::chrono::duration<double> node_timeout_{10.0};
 

@@ -8,11 +8,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -26,11 +30,13 @@ bool pmix_built() noexcept { return true; }
 
 struct PmixHost::State {
   int event_fd = -1;
-  std::mutex mutex;               // guards `events` and the eventfd's count
+  std::mutex mutex;               // guards `events`, `connected` and the eventfd's count
   std::vector<PmixEvent> events;  // the callbacks' queue, oldest first
+  std::set<int> connected;        // ranks whose connection PMIx completed (client_connected)
 
   void post(PmixEvent event) {
     std::lock_guard lock(mutex);
+    if (event.kind == PmixEvent::Kind::connected) connected.insert(event.rank);
     events.push_back(std::move(event));
     const std::uint64_t one = 1;
     // Cannot fail short of 2^64 - 2 unread events; never blocks (EFD_NONBLOCK).
@@ -400,13 +406,67 @@ PmixHost::PmixHost(const std::string& nspace, int size, const std::string& tmpdi
 
 PmixHost::~PmixHost() { release(true); }
 
+namespace {
+
+/// PMIx_server_deregister_nspace, waiting at most `limit` for PMIx's thread to have done it.
+/// False if it has not: the completion record is then left to PMIx.
+bool deregister_within(const std::string& nspace, std::chrono::seconds limit) {
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool done = false;
+  };
+  auto* done = new Done;
+  PMIx_server_deregister_nspace(
+      nspace.c_str(),
+      [](pmix_status_t, void* data) {
+        auto* d = static_cast<Done*>(data);
+        std::lock_guard lock(d->mutex);  // notified under the lock: the waiter may free it right after
+        d->done = true;
+        d->changed.notify_all();
+      },
+      done);
+  std::unique_lock lock(done->mutex);
+  if (!done->changed.wait_for(lock, limit, [&] { return done->done; })) return false;
+  lock.unlock();
+  delete done;
+  return true;
+}
+
+}  // namespace
+
 void PmixHost::release(bool registered) noexcept {
-  // Blocks until PMIx's thread has done it: no callback for these clients runs after this, so
-  // state_ can go. Clients still connected lose their server.
-  if (registered) PMIx_server_deregister_nspace(nspace_.c_str(), nullptr, nullptr);
+  // Deregistering waits for PMIx's thread: afterwards no callback for these clients runs, so
+  // state_ can go. Clients still connected lose their server. Not when a registered client did
+  // not complete its connection: in PMIx 4.2 (to 4.2.9 at least) a client that dies while the
+  // server answers its connection (Open MPI's MPI_Init) makes the server's connection handler
+  // release the client's record twice (ptl_base_connection_hdlr.c, its `error:` path, then the
+  // peer's destructor): the record is freed while still in the namespace's list, which
+  // deregistering then walks. That namespace stays registered (each attempt has its own) and
+  // state_ stays for callbacks that might still name it; a wait for PMIx's thread that does not
+  // end is given up too, rather than hang nodalrun's exit.
+  bool released = false;
+  if (registered) {
+    std::size_t connected;
+    {
+      std::lock_guard lock(state_->mutex);
+      connected = state_->connected.size();
+    }
+    if (connected == static_cast<std::size_t>(size_)) {
+      released = deregister_within(nspace_, std::chrono::seconds(10));
+      if (!released) {
+        ::fprintf(stderr, "nodalrun: PMIx's thread did not release job %s within 10 s; leaving it\n", nspace_.c_str());
+      }
+    }
+  }
   std::error_code ignored;
   std::filesystem::remove_all(session_dir_, ignored);
   if (state_->event_fd >= 0) ::close(state_->event_fd);
+  state_->event_fd = -1;
+  if (registered && !released) {
+    static auto* kept = new std::vector<State*>;  // PMIx may still hold it: kept, and reachable
+    kept->push_back(state_.release());
+  }
   std::lock_guard lock(g_server_mutex);
   g_host_exists = false;
 }

@@ -44,10 +44,12 @@ class PmixHost {
   /// directories go to `tmpdir`/session (`tmpdir` exists). Throws std::runtime_error with the
   /// PMIx error string on failure, and when another PmixHost exists in this process.
   PmixHost(const std::string& nspace, int size, const std::string& tmpdir);
-  /// Deregisters the job (PMIx_server_deregister_nspace, which waits for PMIx's thread: no
-  /// callback about this job runs afterwards) and removes `tmpdir`/session. The server stays up
-  /// for the next PmixHost: PMIx 4.2 cannot be initialized again after PMIx_server_finalize.
-  /// Ranks still running lose their server: kill and reap them first.
+  /// Deregisters the job (PMIx_server_deregister_nspace, waiting up to 10 s for PMIx's thread:
+  /// no callback about this job runs afterwards) and removes `tmpdir`/session. Not when a rank
+  /// did not complete its connection (PMIx 4.2 may have freed that rank's record: see the .cpp),
+  /// or when the wait runs out: the job then stays registered. The server stays up for the next
+  /// PmixHost: PMIx 4.2 cannot be initialized again after PMIx_server_finalize. Ranks still
+  /// running lose their server: kill and reap them first.
   ~PmixHost();
   PmixHost(const PmixHost&) = delete;
   PmixHost& operator=(const PmixHost&) = delete;

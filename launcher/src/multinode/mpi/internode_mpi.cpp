@@ -53,10 +53,23 @@ nodal_internode* init(char* error, size_t error_size) {
     mpi_error(error, error_size, "MPI_Init_thread", code);
     return nullptr;
   }
+  // abort() comes from nodalrun's main thread while the agent's may be inside MPI.
+  if (provided < MPI_THREAD_MULTIPLE) {
+    say(error, error_size,
+        "the MPI library gives thread level " + std::to_string(provided) + ", and nodal's engine needs "
+        "MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) + "): use an MPI built with thread support");
+    MPI_Finalize();
+    return nullptr;
+  }
   auto* self = new nodal_internode;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_dup(MPI_COMM_WORLD, &self->collectives);
-  MPI_Comm_dup(MPI_COMM_WORLD, &self->notices);
+  int status = MPI_Comm_dup(MPI_COMM_WORLD, &self->collectives);
+  if (status == MPI_SUCCESS) status = MPI_Comm_dup(MPI_COMM_WORLD, &self->notices);
+  if (status != MPI_SUCCESS) {
+    mpi_error(error, error_size, "MPI_Comm_dup", status);
+    delete self;
+    return nullptr;  // nodalrun exits; the launcher ends the other nodes' agents
+  }
   MPI_Comm_set_errhandler(self->collectives, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(self->notices, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &self->rank);
