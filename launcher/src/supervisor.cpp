@@ -701,7 +701,7 @@ void Supervisor::record_failure(Failure failure) {
     }
     // Ranks blocked in nodal calls see this within a futex slice and throw PeerFailure.
     ArenaControl& control = arena_->control();
-    control.failed_rank = failure_->rank;
+    control.failed_rank = failure_->rank >= 0 ? options_.first_rank + failure_->rank : -1;
     fmt::format_to_n(control.failure, sizeof control.failure - 1, "{}", failure_->detail);
     control.abort.store(1, std::memory_order_release);
   }

@@ -58,11 +58,14 @@ bool oversubscribed() noexcept {
   return value;
 }
 
+void throw_peer_failure(const ArenaControl& control) {
+  const std::string who = control.failed_rank >= 0 ? fmt::format("rank {}: ", control.failed_rank) : std::string();
+  throw PeerFailure(fmt::format("the job has failed ({}{}); this rank cannot go on", who, control.failure));
+}
+
 void check_job_alive() {
   const ArenaControl& control = job_arena().control();
-  if (control.abort.load(std::memory_order_acquire) == 0) return;
-  throw PeerFailure(fmt::format("the job has failed (rank {}: {}); this rank cannot go on", control.failed_rank,
-                                control.failure));
+  if (control.abort.load(std::memory_order_acquire) != 0) throw_peer_failure(control);
 }
 
 void Waiter::check() const {

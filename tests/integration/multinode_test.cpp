@@ -77,6 +77,25 @@ TEST(MultiNode, RanksAndEnvironmentFollowTorchrunsRule) {
   EXPECT_EQ(masters.size(), 1u) << r.out;
 }
 
+TEST(MultiNode, UnderSlurmEveryRankIsATaskOfItsOwnWithEitherStartMethod) {
+  // srun's per-task values (here beside mpirun's, which places the agents) are rewritten for
+  // each rank: SLURM_PROCID its global rank, SLURM_LOCALID its local rank, SLURM_NTASKS the world.
+  for (const char* method : {"spawn", "forkserver"}) {
+    std::vector<std::string> argv = loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "env"});
+    argv.insert(argv.end() - 2, {"--start-method", method});
+    ChildResult r = run_job(argv, {"SLURM_PROCID=0", "SLURM_LOCALID=0", "SLURM_NTASKS=2"});
+    ASSERT_EQ(r.exit_code, 0) << method << "\n" << r.out << r.err;
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::string expected = "[" + std::to_string(rank) + "] rank=" + std::to_string(rank) + " ";
+      const std::string slurm = "slurm=" + std::to_string(rank) + "/" + std::to_string(rank % 2) + "/4";
+      const auto line = r.out.find(expected);
+      ASSERT_NE(line, std::string::npos) << method << "\n" << r.out;
+      const std::string text = r.out.substr(line, r.out.find('\n', line) - line);
+      EXPECT_TRUE(text.ends_with(" " + slurm)) << method << ": " << text << " (expected " << slurm << ")";
+    }
+  }
+}
+
 TEST(MultiNode, NodesThatDisagreeOnTheStepBufferAreAUsageError) {
   // MPMD: node 0 and node 1 each get their own NODAL_NODE_BUFFER_BYTES.
   auto node = [](const char* bytes) {
@@ -171,6 +190,9 @@ TEST(MultiNode, ARankKilledOnNodeBEndsEveryNodeNamingIt) {
     EXPECT_LT(std::stoi((*it)[2]), 5000) << (*it)[0];
   }
   EXPECT_GE(survivors, 2) << r.out;
+  // Their messages name the job's rank 3 (on node 1 its local rank is 1), and no "rank -1".
+  EXPECT_NE(r.out.find("the job has failed (rank 3: killed by SIGKILL)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank -1"), std::string::npos) << r.out;
   EXPECT_LT(seconds, 20) << r.out << r.err;
 }
 

@@ -33,10 +33,11 @@ int env_mode(const nodal::Context& ctx) {
   for (char** e = environ; *e; ++e) {
     launcher_vars += std::strncmp(*e, "PMIX_", 5) == 0 || std::strncmp(*e, "OMPI_", 5) == 0 || std::strncmp(*e, "PMI_", 4) == 0;
   }
-  std::printf("rank=%d world=%d local=%d/%d group=%s/%s node=%s/%s master=%s:%s launcher_vars=%d\n", ctx.rank(),
-              ctx.world_size(), ctx.local_rank(), ctx.local_world_size(), env_or("GROUP_RANK", "-"),
+  std::printf("rank=%d world=%d local=%d/%d group=%s/%s node=%s/%s master=%s:%s launcher_vars=%d slurm=%s/%s/%s\n",
+              ctx.rank(), ctx.world_size(), ctx.local_rank(), ctx.local_world_size(), env_or("GROUP_RANK", "-"),
               env_or("GROUP_WORLD_SIZE", "-"), env_or("NODAL_NODE_RANK", "-"), env_or("NODAL_NNODES", "-"),
-              env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"), launcher_vars);
+              env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"), launcher_vars, env_or("SLURM_PROCID", "-"),
+              env_or("SLURM_LOCALID", "-"), env_or("SLURM_NTASKS", "-"));
   // The world communicator agrees: every rank's global rank, gathered.
   nodal::Communicator world = ctx.world();
   int mine = ctx.rank();

@@ -345,10 +345,7 @@ class NcclBackend final : public GpuBackend {
   void usable() const {
     if (nccl_ != nullptr) return;
     const ArenaControl& control = comm_.arena->control();
-    if (control.abort.load(std::memory_order_acquire) != 0) {
-      throw PeerFailure(fmt::format("the job has failed (rank {}: {}); this rank cannot go on", control.failed_rank,
-                                    control.failure));
-    }
+    if (control.abort.load(std::memory_order_acquire) != 0) throw_peer_failure(control);
     throw CudaError(fmt::format("communicator {}: its NCCL communicator was aborted after an earlier error ({}); "
                                 "GPU collectives on it cannot go on",
                                 label_, aborted_because_));

@@ -33,7 +33,7 @@ struct ArenaControl {
   std::uint64_t size;  ///< bytes of the whole arena
   /// Non-zero once the job has failed: every blocking nodal call throws PeerFailure.
   alignas(64) std::atomic<std::uint32_t> abort;
-  std::int32_t failed_rank;
+  std::int32_t failed_rank;  ///< the (global) rank that failed first; -1 when no rank is to blame
   char failure[256];  ///< what failed, in words (NUL-terminated)
   /// Which chunks of the arena have their pages reserved (posix_fallocate), one bit a chunk of
   /// 2^reserve_shift bytes: an allocation in reserved chunks needs no system call.

@@ -11,6 +11,10 @@
 #include <optional>
 #include <string_view>
 
+namespace nodal {
+struct ArenaControl;
+}
+
 namespace nodal::detail {
 
 struct WaitEntry;
@@ -116,6 +120,8 @@ void wait_to_take(WaitWord& word, TryTake&& try_take, CheckHolder&& check_holder
 
 /// Throws PeerFailure if the job has been declared failed. Cheap: one load.
 void check_job_alive();
+/// Throws PeerFailure naming what `control` says failed first (its rank, if one is to blame).
+[[noreturn]] void throw_peer_failure(const ArenaControl& control);
 
 /// True when this node runs more ranks than this process may use CPUs (then spinning only steals
 /// the CPU from the rank we wait for).
