@@ -7,6 +7,7 @@ find_program(NODAL_MPIRUN mpirun.openmpi)
 if(TARGET nodal_internode_mpi AND NODAL_MPIRUN)
   nodal_add_test(multinode_test multinode SERIAL TIMEOUT 180 integration/multinode_test.cpp)
   add_dependencies(multinode_test multinode_program coll_program fashion_mnist nodal_internode_mpi)
+  target_link_libraries(multinode_test PRIVATE Boost::headers)  # the --report JSON
   target_compile_definitions(multinode_test PRIVATE NODAL_TEST_MPIRUN="${NODAL_MPIRUN}"
                              NODAL_TEST_MULTINODE_PROGRAM="$<TARGET_FILE:multinode_program>"
                              NODAL_TEST_FASHION_MNIST="$<TARGET_FILE:fashion_mnist>"

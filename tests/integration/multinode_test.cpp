@@ -2,6 +2,8 @@
 // this host is its own node; netns: nodes in network namespaces, tests/support/netns-cluster.sh).
 #include <gtest/gtest.h>
 
+#include <boost/json/src.hpp>
+
 #include <signal.h>
 #include <sys/types.h>
 
@@ -194,6 +196,35 @@ TEST(MultiNode, ARankKilledOnNodeBEndsEveryNodeNamingIt) {
   EXPECT_NE(r.out.find("the job has failed (rank 3: killed by SIGKILL)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rank -1"), std::string::npos) << r.out;
   EXPECT_LT(seconds, 20) << r.out << r.err;
+}
+
+TEST(MultiNode, TheFailingNodesReportNamesGlobalRanks) {
+  // MPMD: each node its own --report file; node 1's rank 3 (local rank 1) is killed. Node 1
+  // writes its report before it ends the job (node 0 may be killed by then).
+  nodal::testing::TempDir dir("nodal-multinode-report");
+  auto node = [&](int k) {
+    return std::vector<std::string>{"-n", "1", NODAL_TEST_NODALRUN, "-n", "2", "--report",
+                                    dir / ("node" + std::to_string(k) + ".json"), NODAL_TEST_MULTINODE_PROGRAM,
+                                    "kill", "3"};
+  };
+  std::vector<std::string> argv = {NODAL_TEST_MPIRUN, "--oversubscribe", "--mca", "btl", "tcp,self", "--bind-to", "none"};
+  for (const std::string& word : node(0)) argv.push_back(word);
+  argv.push_back(":");
+  for (const std::string& word : node(1)) argv.push_back(word);
+  ChildResult r = run_job(argv, {}, 60s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 137) << r.out << r.err;
+  const boost::json::object report = boost::json::parse(nodal::testing::read_file(dir / "node1.json")).as_object();
+  EXPECT_EQ(report.at("world_size").as_int64(), 4);
+  EXPECT_EQ(report.at("local_world_size").as_int64(), 2);
+  EXPECT_EQ(report.at("first_rank").as_int64(), 2);
+  EXPECT_EQ(report.at("failure").at("rank").as_int64(), 3) << boost::json::serialize(report);
+  const boost::json::array& ranks = report.at("ranks").as_array();
+  ASSERT_EQ(ranks.size(), 2u);
+  for (std::size_t j = 0; j < 2; ++j) {
+    EXPECT_EQ(ranks[j].at("rank").as_int64(), static_cast<std::int64_t>(2 + j));
+    EXPECT_EQ(ranks[j].at("local_rank").as_int64(), static_cast<std::int64_t>(j));
+  }
 }
 
 /// The pid of the nodalrun whose environment says it is mpirun's rank `node` and that runs `word`.
