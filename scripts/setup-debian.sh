@@ -15,7 +15,7 @@ packages=(
   python3-dev python3-torch libtorch-dev pybind11-dev
   dataset-fashion-mnist
   gnuplot-nox hyperfine jq
-  iproute2
+  iproute2 gdb
 )
 
 missing=()

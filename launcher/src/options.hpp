@@ -63,6 +63,8 @@ struct Options {
   int first_rank = 0;
   std::optional<int> world_size;
   std::string node_label;
+  /// The job's rank of this node's local rank `local` (`local` -1, no rank to blame: -1).
+  int global_rank(int local) const { return local >= 0 ? first_rank + local : -1; }
   /// PROGRAM then its ARGS; PROGRAM as given (resolve_program finds it on PATH).
   std::vector<std::string> command;
 };

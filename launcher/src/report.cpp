@@ -51,8 +51,7 @@ std::string format_failure_report(const JobSummary& job) {
   const Failure& f = *job.failure;
   double after = seconds_between(job.started, f.at);
   if (f.rank >= 0) {
-    // Ranks are the job's (global) ranks; on one node first_rank is 0.
-    const int rank = f.rank + job.options.first_rank;
+    const int rank = job.options.global_rank(f.rank);  // the job's rank (on one node the same)
     const std::string where = job.options.node_label.empty() ? std::string() : " on " + job.options.node_label;
     line(fmt::format("rank {}{} (pid {}) failed first, {:.3f} s after start: {}{}", rank, where, f.pid, after, f.detail,
                      f.oom_killed ? " -- killed by the OOM killer (memory cgroup oom_kill count rose)" : ""));
@@ -94,7 +93,7 @@ void write_json_report(const JobSummary& job, const std::string& path) {
     const Failure& f = *job.failure;
     json::object failure;
     failure["kind"] = kind_name(f.kind);
-    failure["rank"] = f.rank >= 0 ? f.rank + job.options.first_rank : -1;
+    failure["rank"] = job.options.global_rank(f.rank);
     failure["pid"] = f.pid;
     failure["exit_code"] = f.exit_code;
     failure["signal"] = f.signal ? json::value(detail::signal_name(f.signal)) : json::value();
@@ -118,7 +117,7 @@ void write_json_report(const JobSummary& job, const std::string& path) {
   json::array ranks;
   for (const RankRecord& r : job.ranks) {
     json::object o;
-    o["rank"] = r.rank + job.options.first_rank;
+    o["rank"] = job.options.global_rank(r.rank);
     o["local_rank"] = r.rank;
     o["pid"] = r.pid;
     o["started"] = r.pid > 0;
@@ -140,7 +139,7 @@ void write_json_report(const JobSummary& job, const std::string& path) {
     o["ended_s"] = a.ended_s;
     o["exit_code"] = a.exit_code;
     o["kind"] = a.failure ? json::value(kind_name(a.failure->kind)) : json::value(a.interrupted_by ? "interrupted" : "success");
-    o["rank"] = a.failure && a.failure->rank >= 0 ? a.failure->rank + job.options.first_rank : -1;
+    o["rank"] = a.failure ? job.options.global_rank(a.failure->rank) : -1;
     o["cause"] = a.failure ? a.failure->detail : std::string();
     o["failed_s"] = a.failure ? json::value(a.failed_s) : json::value();
     attempts.emplace_back(std::move(o));

@@ -33,10 +33,9 @@ bool worth_restarting(const Supervisor& attempt) {
          !(failure->kind == FailureKind::zygote && failure->exit_code == 2);
 }
 
-/// `first_rank`: the global rank of this node's local rank 0 (multi-node; else 0).
-std::string describe_attempt(const AttemptRecord& a, int first_rank) {
+std::string describe_attempt(const AttemptRecord& a, const Options& options) {
   if (!a.failure) return a.interrupted_by ? "interrupted" : "succeeded";
-  std::string who = a.failure->rank >= 0 ? fmt::format("rank {}: ", first_rank + a.failure->rank) : std::string();
+  std::string who = a.failure->rank >= 0 ? fmt::format("rank {}: ", options.global_rank(a.failure->rank)) : std::string();
   return fmt::format("failed at {:.3f} s ({}{}), exit code {}", a.failed_s, who, a.failure->detail, a.exit_code);
 }
 
@@ -91,7 +90,7 @@ int run_job(const Options& given, const std::string& program) {
       std::string text;
       for (const AttemptRecord& a : attempts) {
         text += fmt::format("nodalrun: attempt {} of at most {}: {}\n", a.number + 1, options.max_restarts + 1,
-                            describe_attempt(a, options.first_rank));
+                            describe_attempt(a, options));
       }
       detail::write_all(STDERR_FILENO, text);
     }

@@ -247,7 +247,7 @@ std::vector<std::string> Supervisor::base_environment() const {
     }
   }
   auto set = [&env](const char* name, const std::string& value) { env.push_back(fmt::format("{}={}", name, value)); };
-  set(kEnvWorldSize, std::to_string(agent_ ? agent_->world_size() : options_.nprocs));
+  set(kEnvWorldSize, std::to_string(options_.world_size.value_or(options_.nprocs)));
   set(kEnvLocalWorldSize, std::to_string(options_.nprocs));
   set(kEnvMasterAddr, agent_ ? agent_->master_addr() : std::string("127.0.0.1"));
   set(kEnvMasterPort, std::to_string(agent_ ? agent_->master_port() : free_port(PortScope::loopback)));
@@ -258,8 +258,8 @@ std::vector<std::string> Supervisor::base_environment() const {
     set(kEnvGroupWorldSize, std::to_string(agent_->nnodes()));
     set(kEnvFirstRank, std::to_string(agent_->first_rank()));
     if (std::getenv("SLURM_PROCID")) {
-      set("SLURM_NTASKS", std::to_string(agent_->world_size()));
-      set("SLURM_NPROCS", std::to_string(agent_->world_size()));
+      set("SLURM_NTASKS", std::to_string(*options_.world_size));
+      set("SLURM_NPROCS", std::to_string(*options_.world_size));
     }
   }
   set(kEnvJobId, job_id_);
@@ -290,7 +290,7 @@ void Supervisor::open_rank_pipes(RankRecord& rank, int& out_write, int& err_writ
       file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
       if (file_fd < 0) throw_errno(fmt::format("open({})", path));
     }
-    auto tagger = std::make_unique<LineTagger>(fmt::format("[{}] ", options_.first_rank + rank.rank), is_stderr ? STDERR_FILENO : STDOUT_FILENO,
+    auto tagger = std::make_unique<LineTagger>(fmt::format("[{}] ", options_.global_rank(rank.rank)), is_stderr ? STDERR_FILENO : STDOUT_FILENO,
                                                file_fd, is_stderr ? kLastStderrLines : 0);
     (is_stderr ? rank.err : rank.out) = std::move(tagger);
     streams_.push_back({fds[0], rank.rank, is_stderr});
@@ -312,10 +312,10 @@ void Supervisor::start_spawn() {
     spec.program = program_;
     spec.argv = options_.command;
     spec.env = env;
-    spec.env.push_back(fmt::format("{}={}", kEnvRank, options_.first_rank + rank.rank));
+    spec.env.push_back(fmt::format("{}={}", kEnvRank, options_.global_rank(rank.rank)));
     spec.env.push_back(fmt::format("{}={}", kEnvLocalRank, rank.rank));
     if (agent_ && std::getenv("SLURM_PROCID")) {
-      spec.env.push_back(fmt::format("SLURM_PROCID={}", options_.first_rank + rank.rank));
+      spec.env.push_back(fmt::format("SLURM_PROCID={}", options_.global_rank(rank.rank)));
       spec.env.push_back(fmt::format("SLURM_LOCALID={}", rank.rank));
     }
     if (gpus_) spec.env.push_back(fmt::format("{}={}", kEnvDevice, gpus_->device_of_rank[rank.rank]));
@@ -696,12 +696,12 @@ void Supervisor::record_failure(Failure failure) {
   if (!failure_) {
     failure_ = std::move(failure);
     if (agent_ && failure_->kind != FailureKind::node) {
-      agent_->announce_failure(failure_->rank >= 0 ? options_.first_rank + failure_->rank : -1, failure_->exit_code,
+      agent_->announce_failure(options_.global_rank(failure_->rank), failure_->exit_code,
                                failure_->detail);
     }
     // Ranks blocked in nodal calls see this within a futex slice and throw PeerFailure.
     ArenaControl& control = arena_->control();
-    control.failed_rank = failure_->rank >= 0 ? options_.first_rank + failure_->rank : -1;
+    control.failed_rank = options_.global_rank(failure_->rank);
     fmt::format_to_n(control.failure, sizeof control.failure - 1, "{}", failure_->detail);
     control.abort.store(1, std::memory_order_release);
   }

@@ -7,12 +7,9 @@
 #include <nodal/detail/wait.hpp>
 #include <nodal/detail/wait_record.hpp>
 
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -42,7 +39,6 @@ inline void cpu_relax() noexcept {
   asm volatile("yield");
 #endif
 }
-
 
 }  // namespace
 
