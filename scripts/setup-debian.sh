@@ -16,6 +16,7 @@ packages=(
   dataset-fashion-mnist
   gnuplot-nox hyperfine jq
   iproute2 gdb
+  slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins
 )
 
 missing=()
@@ -34,6 +35,24 @@ echo "setup-debian: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
+# The munge and Slurm packages' postinst would start system daemons (slurmd and slurmctld fail
+# with no /etc/slurm/slurm.conf); tests/support/slurm-cluster.sh runs its own. A policy-rc.d
+# that says no (exit 101) stops invoke-rc.d and deb-systemd-invoke from starting anything; one
+# already there (a container's) is left as it is.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  trap '$sudo rm -f "$policy"' EXIT
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+fi
 $sudo apt-get update -qq
 # dpkg's lines (a few per package) are the installation's log: scripts/run-example.sh keeps them.
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Under systemd they are also enabled for the next boot: not the ones just installed here.
+if [ -d /run/systemd/system ]; then
+  for unit in munge slurmd slurmctld; do
+    case " ${missing[*]} " in
+      *" $unit "*) $sudo systemctl disable --quiet "$unit.service" 2>/dev/null || true ;;
+    esac
+  done
+fi

@@ -318,4 +318,95 @@ TEST_F(NetnsCluster, ALinkDownFailsTheJobWithinTheNodeTimeout) {
   EXPECT_LT(seconds, 6) << running.out();
 }
 
+/// A real Slurm cluster (tests/support/slurm-cluster.sh: slurmctld and one slurmd per network
+/// namespace, PMIx), when this machine can build one (root, Debian's Slurm packages); brought up
+/// once for these tests. srun starts one nodalrun per node, as on a real cluster.
+class SlurmCluster : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ChildResult available = nodal::testing::run({"/bin/bash", NODAL_TEST_SLURM_CLUSTER, "available"}, 30s);
+    if (available.exit_code != 0) {
+      skip_ = "no Slurm cluster here: " + available.err;
+      return;
+    }
+    ChildResult up = nodal::testing::run({"/bin/bash", NODAL_TEST_SLURM_CLUSTER, "up", "2"}, 90s);
+    if (up.exit_code != 0) {
+      failed_ = "slurm-cluster.sh up 2 failed:\n" + up.out + up.err;
+      return;
+    }
+    ChildResult env = nodal::testing::run({"/bin/bash", NODAL_TEST_SLURM_CLUSTER, "env"}, 30s);
+    conf_ = env.out.substr(0, env.out.find('\n'));
+  }
+  static void TearDownTestSuite() {
+    if (skip_.empty()) nodal::testing::run({"/bin/bash", NODAL_TEST_SLURM_CLUSTER, "down"}, 60s);
+  }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_ << "(the mpirun tests cover the rest)";
+    ASSERT_TRUE(failed_.empty()) << failed_;
+    ASSERT_TRUE(conf_.starts_with("SLURM_CONF=")) << conf_;
+  }
+
+  /// srun's argv for one nodalrun per node on both nodes (`mpi`: srun's --mpi=...).
+  static std::vector<std::string> srun(int ranks, std::vector<std::string> program, const char* mpi = "--mpi=pmix") {
+    std::vector<std::string> argv = {NODAL_TEST_SRUN, "-N", "2", "--ntasks-per-node=1", mpi, "-K1",
+                                     NODAL_TEST_NODALRUN, "-n", std::to_string(ranks)};
+    argv.insert(argv.end(), program.begin(), program.end());
+    return argv;
+  }
+  static ChildResult run_srun(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = 120s) {
+    return run_job(argv, {conf_}, timeout);
+  }
+
+  static inline std::string skip_, failed_, conf_;
+};
+
+TEST_F(SlurmCluster, SrunStartsOneAgentPerNodeAndRanksFollowTorchrunsRule) {
+  ChildResult r = run_srun(srun(2, {NODAL_TEST_MULTINODE_PROGRAM, "env"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Node k is the namespace nodal-s(k+1), whose hostname is node 0's MASTER_ADDR; each rank is a
+  // Slurm task of its own (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS), and no PMIX_* reaches it.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::regex expected("\\[" + std::to_string(rank) + "\\] rank=" + std::to_string(rank) + " world=4 local=" +
+                              std::to_string(rank % 2) + "/2 group=" + std::to_string(rank / 2) + "/2 node=" +
+                              std::to_string(rank / 2) + "/2 master=nodal-s1:[1-9][0-9]* launcher_vars=0 slurm=" +
+                              std::to_string(rank) + "/" + std::to_string(rank % 2) + "/4\n");
+    EXPECT_TRUE(std::regex_search(r.out, expected)) << "rank " << rank << ":\n" << r.out;
+  }
+}
+
+TEST_F(SlurmCluster, CollectivesGiveTheOneNodeBits) {
+  const std::vector<std::string> matrix = {NODAL_TEST_COLL_PROGRAM, "matrix", "sizes=4,100000"};
+  ChildResult r = run_srun(srun(2, matrix), 180s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", "4"};
+  one_node.insert(one_node.end(), matrix.begin(), matrix.end());
+  ChildResult single = nodal::testing::run(one_node, 120s);
+  ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "algorithms private:across_nodes="), 4) << r.out;
+  EXPECT_EQ(digests(r.out).size(), 4u) << r.out;
+  EXPECT_EQ(digests(r.out), digests(single.out)) << "under srun:\n" << r.out << "one node:\n" << single.out;
+}
+
+TEST_F(SlurmCluster, ARankKilledOnNodeBEndsTheStepNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  ChildResult r = run_srun(srun(2, {NODAL_TEST_MULTINODE_PROGRAM, "kill", "3"}), 60s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 137) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank 3 on node 1 ("), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("the job has failed (rank 3: killed by SIGKILL)"), std::string::npos) << r.out;
+  EXPECT_LT(seconds, 20) << r.out << r.err;
+}
+
+TEST_F(SlurmCluster, SrunWithoutPmixIsRefusedWithTheCommandToUse) {
+  ChildResult r = run_srun(srun(1, {NODAL_TEST_MULTINODE_PROGRAM, "env"}, "--mpi=pmi2"), 60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("srun started 2 nodalruns without PMIx (--mpi=pmi2): the nodes cannot reach each other. Use "
+                       "srun -N K --ntasks-per-node=1 --mpi=pmix -K1 nodalrun -n N PROGRAM"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("rank="), std::string::npos) << "a rank started:\n" << r.out;
+}
+
 }  // namespace
