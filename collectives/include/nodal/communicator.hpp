@@ -38,7 +38,8 @@
 //              private buffers: one process_vm_readv per peer (cross-memory attach, single copy, as
 //              Open MPI and MPICH do), where the kernel allows it (no Yama ptrace_scope >= 1) and
 //              NODAL_CMA is not 0; otherwise pipelined. Also reduce while (world_size - 1) x size
-//              <= 256 KiB (the root reads the inputs), and allreduce on 2 ranks at 1-16 MiB.
+//              <= 256 KiB (the root reads the inputs), and allreduce on 2 ranks from 1 MiB below
+//              32 MiB (in place, input == output, up to 64 MiB).
 // Environment overrides (read once per process; every rank must see the same values):
 //   NODAL_ALLREDUCE_ALGO=auto|small|pipelined|in_place   allreduce's algorithm; NODAL_ALGO the
 //                                 same for every collective. A forced algorithm applies where it

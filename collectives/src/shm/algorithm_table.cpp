@@ -37,7 +37,8 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
   switch (kind) {
     case CollKind::allreduce:
       return in_place + "on 2 ranks cma from " + format_bytes(kCmaAllreduceMinBytes) + " below " +
-             format_bytes(kCmaAllreduceEndBytes) + where;
+             format_bytes(kCmaAllreduceEndBytes) + " (in place up to " + format_bytes(kCmaAllreduceInPlaceMaxBytes) +
+             ")" + where;
     case CollKind::reduce:
       return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
              format_bytes(kCmaReduceMaxBytes) + where;
@@ -73,17 +74,19 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
   return !on_gpu && largest_bytes <= config.small_max && (forced == Forced::none || forced == Forced::small);
 }
 
-Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool all_in_arena, bool cma_usable) {
+Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
+                          bool cma_usable) {
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
   // reduce's root reads the peers' inputs and reduces them alone (shm/cma.cpp): faster than the
   // pipelined reduce-scatter while the root's share is small (bench/results/
-  // 2026-11-25-collectives-round-two.md); so is allreduce on 2 ranks at 1-16 MiB (on 4 ranks sharing
-  // 2 cores it lost, 0.8x); reduce_scatter stays pipelined.
+  // 2026-11-25-collectives-round-two.md); so is allreduce on 2 ranks from 1 MiB (algorithm_table.hpp;
+  // on 4 ranks sharing 2 cores it lost, 0.8x); reduce_scatter stays pipelined.
   const bool reads_inputs =
       !is_reduction(kind) ||
       (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes) ||
-      (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes && bytes < kCmaAllreduceEndBytes);
+      (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes &&
+       (in_place ? bytes <= kCmaAllreduceInPlaceMaxBytes : bytes < kCmaAllreduceEndBytes));
   if (reads_inputs && forced == Forced::none && cma_usable) return Algorithm::cma;
   return Algorithm::pipelined;
 }

@@ -8,7 +8,7 @@
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
 //   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
 //   cma        shm/cma.cpp            private buffers of the copy collectives, reduce and
-//                                     (2 ranks, 1-16 MiB) allreduce,
+//                                     (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one
 //                                     process_vm_readv per peer (Open MPI's and MPICH's
 //                                     single-copy path)
@@ -45,17 +45,23 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 /// The algorithm of a call that does not take the small path, once every header is known:
 /// `bytes` per rank, `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
 /// input a peer reads allows cross-memory attach, and the message is >= CommConfig::cma_min_bytes).
-Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool all_in_arena, bool cma_usable);
+/// `in_place`: the call's input and output are one buffer.
+Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
+                          bool cma_usable);
 
 /// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
 /// reads and reduces every peer's input alone.
 constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
 
 /// allreduce of private buffers takes cma (reduce-scatter and all-gather by process_vm_readv, one
-/// block per rank) on 2 ranks from kCmaAllreduceMinBytes per rank up to kCmaAllreduceEndBytes:
-/// 1.2-1.3x the pipelined path there, 0.65-0.75x from 32 MiB, 0.8x on 4 ranks sharing 2 cores.
+/// block per rank, 8 MiB segments) on 2 ranks from kCmaAllreduceMinBytes per rank, up to
+/// kCmaAllreduceInPlaceMaxBytes in place (input == output, as torch's and MPI_IN_PLACE calls are)
+/// and below kCmaAllreduceEndBytes otherwise: in place 1.7x the pipelined path at 16 MiB, 1.7x at
+/// 32 MiB, 1.1x at 64 MiB; out of place 1.5x at 16 MiB, even at 32 MiB, 0.75-0.9x beyond
+/// (bench/results/2026-11-26-cma-allreduce.md); 0.8x on 4 ranks sharing 2 cores.
 constexpr std::size_t kCmaAllreduceMinBytes = 1024 * 1024;
-constexpr std::size_t kCmaAllreduceEndBytes = 16 * 1024 * 1024;
+constexpr std::size_t kCmaAllreduceEndBytes = 32 * 1024 * 1024;
+constexpr std::size_t kCmaAllreduceInPlaceMaxBytes = 64 * 1024 * 1024;
 
 /// The table as Communicator::algorithm_table() returns it.
 std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config);
