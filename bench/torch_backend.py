@@ -6,7 +6,9 @@ bench/torch_backend.sh, which runs both backends in one run, interleaved).
         (median of 5 timed batches; each batch is enough calls for ~0.2 s)
     nodalrun -n 2 python3 bench/torch_backend.py ddp --backend nodal|gloo
         DistributedDataParallel step time of a ~9.5M-parameter MLP (batch 32, SGD), rank 0 prints
-        "ddp_step,<ms median of 20>" and "local_step,<ms>" (the same step without DDP, the compute)
+        "ddp_step,<ms median of 20>", "local_step,<ms>" (the same step without DDP, the compute)
+        and "free_step,<ms>" (DDP with a comm hook that returns each bucket unreduced: the step of
+        any backend whose allreduce took no time)
 Both set one torch thread per rank (2 ranks on a 2-core machine).
 """
 import argparse
@@ -71,12 +73,22 @@ else:
             times.append(time.perf_counter() - start)
         return statistics.median(times[5:]) * 1e3
 
+    def unreduced(state, bucket):
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
     local = steps(model(), 25)
+    dist.barrier()
+    free = nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=args.bucket_cap_mb)
+    free.register_comm_hook(None, unreduced)
+    free = steps(free, 25)
     dist.barrier()
     ddp = steps(nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=args.bucket_cap_mb), 25)
     if RANK == 0:
         params = sum(p.numel() for p in model().parameters())
         print(f"ddp_step,{ddp:.2f}", flush=True)
         print(f"local_step,{local:.2f}", flush=True)
+        print(f"free_step,{free:.2f}", flush=True)
         print(f"parameters,{params}", flush=True)
 dist.destroy_process_group()

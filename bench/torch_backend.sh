@@ -54,7 +54,11 @@ print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per ra
 print("|---|---|---|---|")
 n, g = med[("nodal", "ddp_step")], med[("gloo", "ddp_step")]
 ln, lg = med[("nodal", "local_step")], med[("gloo", "local_step")]
+fn, fg = med[("nodal", "free_step")], med[("gloo", "free_step")]
 print(f"| step (ms) | {n:.1f} | {g:.1f} | {g / n:.2f}x |")
 print(f"| the same step without DDP (ms) | {ln:.1f} | {lg:.1f} | |")
 print(f"| DDP's share of the step | {(n - ln) / n * 100:.0f} % | {(g - lg) / g * 100:.0f} % | |")
+print(f"| DDP with a free allreduce (a hook that does not reduce; ms) | {fn:.1f} | {fg:.1f} | |")
+print(f"| the allreduce's share of the step | {(n - fn) / n * 100:.0f} % | {(g - fg) / g * 100:.0f} % | |")
+print(f"| the best ratio any backend could reach: gloo's step / a free allreduce's | | | {g / fn:.2f}x |")
 PY
