@@ -9,11 +9,12 @@ find_program(NODAL_MPIRUN mpirun.openmpi)
 find_program(NODAL_SRUN srun)  # tests/support/slurm-cluster.sh says when a cluster cannot be built
 if(TARGET nodal_internode_mpi AND NODAL_MPIRUN)
   nodal_add_test(multinode_test multinode SERIAL TIMEOUT 180 integration/multinode_test.cpp)
-  add_dependencies(multinode_test multinode_program coll_program fashion_mnist nodal_internode_mpi)
+  add_dependencies(multinode_test multinode_program coll_program vector_program fashion_mnist nodal_internode_mpi)
   target_link_libraries(multinode_test PRIVATE Boost::headers)  # the --report JSON
   target_compile_definitions(multinode_test PRIVATE NODAL_TEST_MPIRUN="${NODAL_MPIRUN}"
                              NODAL_TEST_MULTINODE_PROGRAM="$<TARGET_FILE:multinode_program>"
                              NODAL_TEST_FASHION_MNIST="$<TARGET_FILE:fashion_mnist>"
+                             NODAL_TEST_VECTOR_PROGRAM="$<TARGET_FILE:vector_program>"
                              NODAL_TEST_NETNS_CLUSTER="${CMAKE_CURRENT_LIST_DIR}/../support/netns-cluster.sh"
                              NODAL_TEST_SLURM_CLUSTER="${CMAKE_CURRENT_LIST_DIR}/../support/slurm-cluster.sh"
                              NODAL_TEST_SRUN="$<IF:$<BOOL:${NODAL_SRUN}>,${NODAL_SRUN},srun>")

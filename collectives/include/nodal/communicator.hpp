@@ -144,7 +144,8 @@ class Communicator {
   // and each rank's own count equal to its entry): checked on every rank, a disagreement is the
   // same UsageError on every rank, and the communicator goes on. Same dtypes, ops and PeerFailure
   // rule as above. CPU buffers only for now (the Tensor forms refuse cuda tensors); the data is
-  // staged through the arena (two copies per byte; see src/shm/vector_collectives.hpp).
+  // staged through the arena (two copies per byte; see src/shm/vector_collectives.hpp); across
+  // nodes, each block is padded to the call's largest count (src/internode/across_nodes.cpp).
 
   /// `output` (sum(counts) elements) gets every rank's `input` (`count` == counts[rank] elements).
   void allgatherv(const void* input, std::size_t count, void* output, const std::vector<std::size_t>& counts,

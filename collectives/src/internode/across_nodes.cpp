@@ -157,16 +157,11 @@ std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int w
   return state;
 }
 
-void run_across_nodes(CommState& comm, const CollCall& call) {
-  if (is_vector(call.kind)) {
-    throw UsageError(fmt::format("{} on communicator '{}': the v-variants do not run across nodes yet", coll_kind_name(call.kind),
-                                 comm.name));
-  }
-  if (call.on_gpu) {
-    throw UsageError(fmt::format("{} on communicator '{}': collectives on cuda tensors do not run across nodes yet",
-                                 coll_kind_name(call.kind), comm.name));
-  }
-  check_job_alive();
+namespace {
+
+/// Runs a fixed-size `call` through the bridge; the steps' descriptions, which the agents compare
+/// between ranks and nodes, name `wire` as the call's kind (a v-variant's parts name the v-variant).
+void exchange(CommState& comm, const CollCall& call, CollKind wire) {
   BridgeClient& client = *comm.across_nodes;
   NodeBridge& b = *client.bridge;
   const std::uint64_t number = ++comm.seq;
@@ -220,7 +215,7 @@ void run_across_nodes(CommState& comm, const CollCall& call) {
       copy_bytes(buf, bytes(call.input) + e0 * es, step_bytes);
     }
     BridgeStep& desc = mine.steps[s % 2];
-    desc = BridgeStep{static_cast<std::uint8_t>(call.kind),
+    desc = BridgeStep{static_cast<std::uint8_t>(wire),
                       static_cast<std::uint8_t>(call.dtype),
                       static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum),
                       static_cast<std::uint8_t>(shape.rooted),
@@ -230,7 +225,7 @@ void run_across_nodes(CommState& comm, const CollCall& call) {
                       number,
                       {},
                       {}};
-    std::strncpy(desc.name, coll_kind_name(call.kind), sizeof desc.name - 1);
+    std::strncpy(desc.name, coll_kind_name(wire), sizeof desc.name - 1);
     dtype_name(call.dtype).copy(desc.type, sizeof desc.type - 1);
     mine.posted.store(s, std::memory_order_release);
     notify(b.word);
@@ -239,6 +234,126 @@ void run_across_nodes(CommState& comm, const CollCall& call) {
     e0 += e;
   } while (e0 < shape.total);
   take(client.step, previous->first, previous->second);
+}
+
+/// A v-variant across nodes, as two fixed-size exchanges: first every rank's counts (each rank's
+/// row: its own count, dtype, op, then its counts and recv_counts tables), checked on every rank
+/// as on one node; then the data, each block padded to the largest count of the call (the
+/// blocks' bytes beyond a count are zeros and dropped). Reductions fold in rank order: the one-node
+/// bits. Not tuned: padding moves max(count) x world_size elements per rank.
+void run_vector(CommState& comm, const CollCall& call) {
+  const int n = comm.size;
+  const int g = comm.rank;
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t row = 3 + 2 * un;
+  std::vector<std::uint64_t> mine(row, 0), rows(row * un);
+  mine[0] = call.count;
+  mine[1] = static_cast<std::uint64_t>(call.dtype);
+  mine[2] = static_cast<std::uint64_t>(call.op);
+  for (std::size_t j = 0; j < un; ++j) {
+    if (call.counts) mine[3 + j] = call.counts[j];
+    if (call.recv_counts) mine[3 + un + j] = call.recv_counts[j];
+  }
+  exchange(comm, CollCall{CollKind::allgather, mine.data(), rows.data(), row, DType::i64, ReduceOp::sum, call.root},
+           call.kind);
+  auto row_of = [&](int j) { return rows.data() + static_cast<std::size_t>(j) * row; };
+  auto dtype_op = [&](int j) {
+    return fmt::format("{} ({})", dtype_name(static_cast<DType>(row_of(j)[1])),
+                       reduce_op_name(static_cast<ReduceOp>(row_of(j)[2])));
+  };
+  for (int j = 1; j < n; ++j) {
+    if (row_of(j)[1] != row_of(0)[1] || row_of(j)[2] != row_of(0)[2]) {
+      throw UsageError(fmt::format("{} on communicator '{}': rank {} passes {} but rank 0 passes {}",
+                                   coll_kind_name(call.kind), comm.name, j, dtype_op(j), dtype_op(0)));
+    }
+  }
+  check_vector_counts(comm, call, [&](int j) { return VectorCounts{row_of(j)[0], row_of(j) + 3, row_of(j) + 3 + un}; });
+
+  // The table every rank reads its blocks' sizes from: send counts of rank p to rank q.
+  const std::size_t es = element_size(call.dtype);
+  const int source = call.kind == CollKind::gatherv || call.kind == CollKind::scatterv ? call.root : g;
+  const std::uint64_t* counts = row_of(source) + 3;  // agreed by every rank (checked above)
+  std::size_t largest = 0;
+  for (int p = 0; p < n; ++p) {
+    for (std::size_t q = 0; q < un; ++q) {
+      if (call.kind == CollKind::alltoallv || p == source) largest = std::max<std::size_t>(largest, row_of(p)[3 + q]);
+    }
+  }
+  if (largest == 0) return;
+  const std::size_t block = largest * es;
+  // Packs `from` (blocks of sizes[q] elements back to back) into `to` (blocks of `largest`).
+  auto pack = [&](std::vector<std::byte>& to, const std::uint64_t* sizes) {
+    to.assign(un * block, std::byte{0});
+    std::size_t at = 0;
+    for (std::size_t q = 0; q < un; ++q) {
+      copy_bytes(to.data() + q * block, bytes(call.input) + at * es, sizes[q] * es);
+      at += sizes[q];
+    }
+  };
+  // Unpacks `from` (blocks of `largest`) into the output (blocks of sizes[p] back to back).
+  auto unpack = [&](const std::vector<std::byte>& from, const std::uint64_t* sizes) {
+    std::size_t at = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      copy_bytes(static_cast<std::byte*>(call.output) + at * es, from.data() + p * block, sizes[p] * es);
+      at += sizes[p];
+    }
+  };
+  std::vector<std::byte> in, out;
+  CollCall fixed{CollKind::allgather, nullptr, nullptr, largest, call.dtype, call.op, call.root};
+  switch (call.kind) {
+    case CollKind::allgatherv:
+    case CollKind::gatherv:
+      in.assign(block, std::byte{0});
+      copy_bytes(in.data(), call.input, call.count * es);
+      out.resize(un * block);
+      fixed.kind = call.kind == CollKind::allgatherv ? CollKind::allgather : CollKind::gather;
+      fixed.input = in.data();
+      fixed.output = out.data();
+      exchange(comm, fixed, call.kind);
+      if (call.kind == CollKind::allgatherv || g == call.root) unpack(out, counts);
+      return;
+    case CollKind::scatterv:
+      if (g == call.root) pack(in, counts);
+      out.resize(block);
+      fixed.kind = CollKind::scatter;
+      fixed.input = in.data();
+      fixed.output = out.data();
+      exchange(comm, fixed, call.kind);
+      copy_bytes(call.output, out.data(), counts[g] * es);
+      return;
+    case CollKind::alltoallv:
+    case CollKind::reduce_scatterv: {
+      pack(in, counts);
+      const bool all = call.kind == CollKind::alltoallv;
+      out.resize(all ? un * block : block);
+      fixed.kind = all ? CollKind::alltoall : CollKind::reduce_scatter;
+      fixed.input = in.data();
+      fixed.output = out.data();
+      exchange(comm, fixed, call.kind);
+      if (all) {
+        unpack(out, row_of(g) + 3 + un);  // my recv_counts
+      } else {
+        copy_bytes(call.output, out.data(), counts[g] * es);
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+}  // namespace
+
+void run_across_nodes(CommState& comm, const CollCall& call) {
+  if (call.on_gpu) {
+    throw UsageError(fmt::format("{} on communicator '{}': collectives on cuda tensors do not run across nodes yet",
+                                 coll_kind_name(call.kind), comm.name));
+  }
+  check_job_alive();
+  if (is_vector(call.kind)) {
+    run_vector(comm, call);
+  } else {
+    exchange(comm, call, call.kind);
+  }
 }
 
 }  // namespace nodal::detail

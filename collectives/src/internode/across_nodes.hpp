@@ -23,9 +23,9 @@ struct BridgeClient {
 /// multi-node mode but with NODAL_NNODES set).
 std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int world_size);
 
-/// Runs `call` on a communicator made by open_world_across_nodes. Every collective except the
-/// v-variants and calls on cuda tensors (UsageError: not across nodes yet). The results are the
-/// one-node path's bits (reductions fold in rank order). Throws UsageError when the nodes' calls
+/// Runs `call` on a communicator made by open_world_across_nodes. Every collective, the v-variants
+/// included (padded to their largest count), except calls on cuda tensors (UsageError: not across
+/// nodes yet). The results are the one-node path's bits (reductions fold in rank order). Throws UsageError when the nodes' calls
 /// differ, PeerFailure when the job fails while waiting.
 void run_across_nodes(CommState& comm, const CollCall& call);
 

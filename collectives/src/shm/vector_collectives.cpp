@@ -61,10 +61,18 @@ std::size_t prefix(const std::uint64_t* counts, int upto) {
 /// Every check reads only what every rank staged, in the same order, so every rank throws the
 /// same UsageError at the same call (and the communicator goes on with the next one).
 void check_counts(const CommState& c, const CollCall& call, std::uint64_t seq) {
+  check_vector_counts(c, call, [&](int j) {
+    const Staged staged = staged_of(c, j, seq);
+    return VectorCounts{c.header(j, seq).count, staged.counts, staged.recv_counts};
+  });
+}
+
+}  // namespace
+
+void check_vector_counts(const CommState& c, const CollCall& call, const std::function<VectorCounts(int)>& counts_of) {
   const int n = c.size;
-  std::vector<Staged> all;
-  for (int j = 0; j < n; ++j) all.push_back(staged_of(c, j, seq));
-  auto own_count = [&](int j) { return c.header(j, seq).count; };
+  std::vector<VectorCounts> all;
+  for (int j = 0; j < n; ++j) all.push_back(counts_of(j));
   switch (call.kind) {
     case CollKind::allgatherv:
     case CollKind::reduce_scatterv:
@@ -75,9 +83,9 @@ void check_counts(const CommState& c, const CollCall& call, std::uint64_t seq) {
                                           all[0].counts[p]));
           }
         }
-        if (all[0].counts[j] != own_count(j)) {
+        if (all[0].counts[j] != all[j].own) {
           disagree(c, call, fmt::format("rank {} {} {} elements but counts[{}] = {}", j,
-                                        call.kind == CollKind::allgatherv ? "sends" : "receives", own_count(j), j,
+                                        call.kind == CollKind::allgatherv ? "sends" : "receives", all[j].own, j,
                                         all[0].counts[j]));
         }
       }
@@ -85,9 +93,9 @@ void check_counts(const CommState& c, const CollCall& call, std::uint64_t seq) {
     case CollKind::gatherv:
     case CollKind::scatterv:
       for (int j = 0; j < n; ++j) {
-        if (all[call.root].counts[j] != own_count(j)) {
+        if (all[call.root].counts[j] != all[j].own) {
           disagree(c, call, fmt::format("rank {} {} {} elements but the root's counts[{}] = {}", j,
-                                        call.kind == CollKind::gatherv ? "sends" : "receives", own_count(j), j,
+                                        call.kind == CollKind::gatherv ? "sends" : "receives", all[j].own, j,
                                         all[call.root].counts[j]));
         }
       }
@@ -105,8 +113,6 @@ void check_counts(const CommState& c, const CollCall& call, std::uint64_t seq) {
     default: return;
   }
 }
-
-}  // namespace
 
 bool is_vector(CollKind kind) noexcept {
   return kind == CollKind::allgatherv || kind == CollKind::gatherv || kind == CollKind::scatterv ||

@@ -14,10 +14,26 @@
 #include "shm/algorithms.hpp"
 
 #include <cstdint>
+#include <functional>
 
 namespace nodal::detail {
 
 bool is_vector(CollKind kind) noexcept;
+
+/// Rank j's counts of a v-variant call as the checks read them: its own count (the public call's
+/// `count`; its receive total for reduce_scatterv), and its counts and recv_counts tables (world_size
+/// entries each, zeros where the call gives none).
+struct VectorCounts {
+  std::uint64_t own;
+  const std::uint64_t* counts;
+  const std::uint64_t* recv_counts;
+};
+
+/// Checks every rank's counts of `call` against each other, reading them only through
+/// `counts_of(j)` in the same order on every rank: the same UsageError on every rank when they
+/// disagree. (The shared-memory path reads them from the peers' staging areas, the path across
+/// nodes from an exchange: internode/across_nodes.cpp.)
+void check_vector_counts(const CommState& comm, const CollCall& call, const std::function<VectorCounts(int)>& counts_of);
 
 /// Before this rank's header of call `seq`: copies its counts and data into its staging area;
 /// returns the area's arena offset. Throws ShmError when the arena has no room.

@@ -41,6 +41,8 @@ constexpr char kFailure = 'F';  // "F<code> <text>"
 /// Room for data in every step's first allgather (with the descriptions): a small step's whole
 /// exchange is that one allgather of nnodes x (56 + kSmallNodeBytes) bytes.
 constexpr std::size_t kSmallNodeBytes = 1 << 10;
+/// How long a failing agent waits between its report and ending the job through the launcher.
+constexpr auto kOutputGrace = std::chrono::milliseconds(250);
 /// How long the agent looks for the ranks' next call, yielding, before it sleeps on the bridge.
 constexpr auto kHotWait = std::chrono::microseconds(500);
 
@@ -466,6 +468,9 @@ int NodeAgent::finish(int exit_code) {
     std::this_thread::sleep_for(std::chrono::seconds(5));
     std::_Exit(exit_code);
   }).detach();
+  // The launcher forwards our output (the report above) asynchronously and drops what it has not
+  // forwarded when the job is aborted: under srun both nodes' reports were lost in 1 of 2 runs.
+  if (exit_code != 0) std::this_thread::sleep_for(kOutputGrace);
   engine_->abort(exit_code);
   std::_Exit(exit_code);
 }
