@@ -151,18 +151,19 @@ int Communicator::global_rank(int rank) const {
 std::string Communicator::last_algorithm() const { return state().last_algorithm.load(std::memory_order_relaxed); }
 
 namespace {
-void refuse_across_nodes(const detail::CommState& c, const char* what) {
-  if (c.across_nodes) {
-    throw UsageError(fmt::format("{} on communicator '{}': communicators of part of a job that spans nodes are not built "
-                                 "yet",
-                                 what, c.name));
+/// A communicator of part of a job that spans nodes: built when its members (global ranks) are on
+/// this node (the shared-memory path among them), refused otherwise.
+void refuse_across_nodes(const detail::CommState& c, const char* what, const std::vector<int>& members) {
+  if (c.across_nodes && !detail::on_this_node(c, members)) {
+    throw UsageError(fmt::format("{} on communicator '{}': the group of ranks {} spans nodes, and communicators of part "
+                                 "of a job across nodes are not built yet (groups within one node are)",
+                                 what, c.name, fmt::join(members, ",")));
   }
 }
 }  // namespace
 
 Communicator Communicator::split(int color, int key) const {
   auto& c = state();
-  refuse_across_nodes(c, "split");
   if (c.worker && !c.worker->on_this_thread() && !c.worker->idle()) {
     auto result = std::make_shared<Communicator>();
     in_call_order(c, "split", [self = *this, result, color, key] { *result = self.split(color, key); });
@@ -181,12 +182,12 @@ Communicator Communicator::split(int color, int key) const {
   int my_rank = static_cast<int>(std::find(members.begin(), members.end(), c.rank) - members.begin());
   std::vector<int> global;
   for (int j : members) global.push_back(c.global_ranks[j]);
+  refuse_across_nodes(c, "split", global);
   return Communicator(detail::open_comm(*c.arena, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global)));
 }
 
 Communicator Communicator::create_group(const std::vector<int>& ranks, std::string_view tag) const {
   auto& c = state();
-  refuse_across_nodes(c, "create_group");
   if (ranks.empty()) throw UsageError(fmt::format("create_group on '{}': the list of ranks is empty", c.name));
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
@@ -209,6 +210,7 @@ Communicator Communicator::create_group(const std::vector<int>& ranks, std::stri
   const int index = c.groups[key]++;
   std::vector<int> global;
   for (int j : ranks) global.push_back(c.global_ranks[static_cast<std::size_t>(j)]);
+  refuse_across_nodes(c, "create_group", global);
   return Communicator(detail::open_comm(*c.arena, fmt::format("{}/group:{:016x}#{}", c.name, key, index),
                                         static_cast<int>(mine - ranks.begin()), std::move(global)));
 }

@@ -193,9 +193,25 @@ TEST(MultiNode, VectorCollectivesAcrossNodesMatchTheirReferenceAndCheckCounts) {
 }
 
 TEST(MultiNode, WhatDoesNotCrossNodesYetIsRefused) {
+  // With one rank per node, every group and every send spans nodes.
   ChildResult r = run_job(loopback(2, 1, {NODAL_TEST_MULTINODE_PROGRAM, "refused"}));
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(nodal::testing::count_lines(r.out, "refused 3 of 3, then allreduce 2"), 2) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "split refused: split on communicator 'world': the group of ranks 0,1 spans "
+                                               "nodes"),
+            2)
+      << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "send refused: send on communicator 'world': rank [01] is on another node"), 2)
+      << r.out;
+}
+
+TEST(MultiNode, GroupsAndSendRecvWithinANodeWork) {
+  for (auto [nodes, ranks] : {std::pair{2, 2}, std::pair{2, 3}}) {
+    SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks");
+    ChildResult r = run_job(loopback(nodes, ranks, {NODAL_TEST_MULTINODE_PROGRAM, "local_groups"}));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(nodal::testing::count_lines(r.out, "local groups ok"), nodes * ranks) << r.out;
+  }
 }
 
 TEST(MultiNode, ARankKilledOnNodeBEndsEveryNodeNamingIt) {

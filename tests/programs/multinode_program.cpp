@@ -1,5 +1,5 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
-// it on each "node" under mpirun. MODE: env | kill VICTIM | mismatch | refused | loop.
+// it on each "node" under mpirun. MODE: env | kill VICTIM | mismatch | refused | local_groups | loop.
 #include <nodal/communicator.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +108,52 @@ int refused_mode(const nodal::Context& ctx) {
   return refused == 3 && x == static_cast<float>(world.world_size()) ? 0 : 1;
 }
 
+/// Communicators and send/recv within one node of a job that spans nodes (run with 2 or more
+/// ranks per node): a split by node (reversed keys), a create_group of the node's ranks, send/recv
+/// between its first two ranks, each checked; then the world still works across nodes.
+int local_groups_mode(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int first = ctx.rank() - ctx.local_rank();
+  const int local = ctx.local_world_size();
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      std::printf("rank %d: FAILED %s\n", ctx.rank(), what.c_str());
+    }
+  };
+  // Node k's ranks, keyed in reverse: group rank = local - 1 - local_rank.
+  nodal::Communicator node = world.split(first, -ctx.rank());
+  check(node.world_size() == local && node.rank() == local - 1 - ctx.local_rank(), "split: size and rank");
+  check(node.global_rank(0) == first + local - 1, "split: group rank 0 is the node's last rank");
+  std::int64_t sum = ctx.rank();
+  node.allreduce(&sum, &sum, 1, DType::i64, ReduceOp::sum);
+  check(sum == static_cast<std::int64_t>(local) * first + static_cast<std::int64_t>(local) * (local - 1) / 2,
+        "split: allreduce of the global ranks");
+  std::vector<int> members(static_cast<std::size_t>(local));
+  for (int j = 0; j < local; ++j) members[static_cast<std::size_t>(j)] = first + j;
+  nodal::Communicator group = world.create_group(members, "node");
+  std::int32_t root_value = group.rank() == 1 ? 1000 + first : -1;
+  group.broadcast(&root_value, 1, DType::i32, 1);
+  check(root_value == 1000 + first, "create_group: broadcast from group rank 1");
+  // send/recv between the node's first two ranks, through the world (global ranks).
+  std::vector<float> message(70000);
+  if (ctx.local_rank() == 0) {
+    for (std::size_t i = 0; i < message.size(); ++i) message[i] = static_cast<float>(i % 1000) + static_cast<float>(first);
+    world.send(message.data(), message.size(), DType::f32, first + 1);
+  } else if (ctx.local_rank() == 1) {
+    world.recv(message.data(), message.size(), DType::f32, first);
+    bool same = true;
+    for (std::size_t i = 0; i < message.size(); ++i) same &= message[i] == static_cast<float>(i % 1000) + static_cast<float>(first);
+    check(same, "send/recv within the node");
+  }
+  float x = 1;
+  world.allreduce(&x, &x, 1, DType::f32, ReduceOp::sum);
+  check(x == static_cast<float>(world.world_size()), "world allreduce afterwards");
+  if (failures == 0) std::printf("rank %d: local groups ok\n", ctx.rank());
+  return failures == 0 ? 0 : 1;
+}
+
 /// Allreduces until PeerFailure (a node lost), reporting it.
 int loop_mode(const nodal::Context& ctx) {
   nodal::Communicator world = ctx.world();
@@ -138,6 +185,7 @@ int main(int argc, char** argv) {
   if (mode == "kill") return kill_mode(ctx, argc > 2 ? std::atoi(argv[2]) : ctx.world_size() - 1);
   if (mode == "mismatch") return mismatch_mode(ctx);
   if (mode == "refused") return refused_mode(ctx);
+  if (mode == "local_groups") return local_groups_mode(ctx);
   if (mode == "loop") return loop_mode(ctx);
   std::fprintf(stderr, "multinode_program: unknown mode '%s'\n", mode.c_str());
   return 64;

@@ -100,7 +100,8 @@ class Communicator {
 
   /// Collective. Ranks passing the same `color` (>= 0) form a new communicator, ordered by
   /// (key, this communicator's rank); ranks passing a negative color get an invalid one
-  /// (MPI_Comm_split with MPI_UNDEFINED). Throws ShmError when the arena has no room.
+  /// (MPI_Comm_split with MPI_UNDEFINED). Throws ShmError when the arena has no room. In a job
+  /// across nodes, a new communicator must lie within one node (UsageError on its members if not).
   Communicator split(int color, int key) const;
   /// Made by the members alone, not a collective call of this communicator (MPI_Comm_create_group's
   /// semantics; what torch.distributed.new_group needs, whose backend is made in the member ranks
@@ -110,7 +111,8 @@ class Communicator {
   /// list the same ranks in different orders get UsageError from this call; members whose lists
   /// hold different ranks wait for each other in their first collective call, as in MPI (an
   /// erroneous program: nodalrun's --stall-timeout names it). Throws UsageError for a bad list
-  /// (empty, out of range, repeated, without this rank), ShmError when the arena has no room.
+  /// (empty, out of range, repeated, without this rank), ShmError when the arena has no room; in
+  /// a job across nodes, UsageError when `ranks` span nodes.
   Communicator create_group(const std::vector<int>& ranks, std::string_view tag = {}) const;
 
   // ---- Raw buffers: count elements of dtype at each pointer (count may be 0). ----
@@ -178,7 +180,8 @@ class Communicator {
   /// collective call sequence: send/recv may be interleaved with collectives freely.
   /// Mismatched count or dtype: UsageError on both sides, and that direction of the pair stays
   /// unusable (every later send or recv on it throws UsageError at once); other pairs, the other
-  /// direction and collectives go on working.
+  /// direction and collectives go on working. In a job across nodes, between ranks of one node
+  /// only (UsageError for a peer on another node).
   void send(const void* input, std::size_t count, DType dtype, int peer);
   void recv(void* output, std::size_t count, DType dtype, int peer);
 

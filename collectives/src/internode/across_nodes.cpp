@@ -154,7 +154,16 @@ std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int w
   std::iota(state->global_ranks.begin(), state->global_ranks.end(), 0);
   state->config = comm_config();
   state->across_nodes = std::make_shared<BridgeClient>(BridgeClient{&arena, bridge, 0});
+  // Only its wake word is used (send/recv within this node); no slots: the calls go through the bridge.
+  state->shared = static_cast<SharedComm*>(arena.find_or_create("nodal.comm-across:world", sizeof(SharedComm), kCacheLine,
+                                                                [](void* where) { new (where) SharedComm{}; }));
   return state;
+}
+
+bool on_this_node(const CommState& comm, const std::vector<int>& ranks) {
+  const NodeBridge& b = *comm.across_nodes->bridge;
+  return std::all_of(ranks.begin(), ranks.end(),
+                     [&](int r) { return r >= b.first_rank && r < b.first_rank + b.local_size; });
 }
 
 namespace {

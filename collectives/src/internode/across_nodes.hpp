@@ -6,6 +6,7 @@
 #include "shm/algorithms.hpp"
 
 #include <memory>
+#include <vector>
 
 namespace nodal::detail {
 
@@ -19,9 +20,14 @@ struct BridgeClient {
 };
 
 /// The world communicator of a multi-node job: rank and size are global, its calls go through
-/// `bridge`. Throws UsageError when the agent made no bridge (a rank started without nodalrun's
-/// multi-node mode but with NODAL_NNODES set).
+/// `bridge`; send/recv between two ranks of one node take the shared-memory path (its wake word
+/// is a SharedComm of this node's arena). Throws UsageError when the agent made no bridge (a rank
+/// started without nodalrun's multi-node mode but with NODAL_NNODES set).
 std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int world_size);
+
+/// Whether every rank of `ranks` (ranks of `comm`, a communicator made by open_world_across_nodes)
+/// runs on this node.
+bool on_this_node(const CommState& comm, const std::vector<int>& ranks);
 
 /// Runs `call` on a communicator made by open_world_across_nodes. Every collective, the v-variants
 /// included (padded to their largest count), except calls on cuda tensors (UsageError: not across

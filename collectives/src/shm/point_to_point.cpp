@@ -3,6 +3,8 @@
 // returns once recv has copied it all). A count or dtype mismatch breaks the pair's channel.
 #include "shm/algorithms.hpp"
 
+#include "internode/across_nodes.hpp"
+
 #include <nodal/errors.hpp>
 #include <nodal/detail/units.hpp>
 #include <nodal/detail/wait_record.hpp>
@@ -74,8 +76,10 @@ void check_peer(const CommState& comm, int peer, const char* what) {
     throw UsageError(fmt::format("{}: peer {} is not another rank of communicator '{}' (size {}, this rank {})", what,
                                  peer, comm.name, comm.size, comm.rank));
   }
-  if (comm.across_nodes) {
-    throw UsageError(fmt::format("{} on communicator '{}': send and recv do not run across nodes yet", what, comm.name));
+  if (comm.across_nodes && !on_this_node(comm, {comm.rank, peer})) {
+    throw UsageError(fmt::format("{} on communicator '{}': rank {} is on another node, and send and recv between nodes "
+                                 "are not built yet (between ranks of one node they are)",
+                                 what, comm.name, peer));
   }
 }
 
