@@ -159,14 +159,21 @@ TEST(MultiNode, FashionMnistOnTwoNodesLearnsTheOneNodeWeights) {
 }
 
 TEST(MultiNode, MismatchedCallsAreAUsageErrorOnEveryRank) {
-  ChildResult r = run_job(loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "mismatch"}));
+  // A 1 MiB node buffer: the large calls take 3 and 5 steps.
+  ChildResult r = run_job(loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "mismatch"}), {"NODAL_NODE_BUFFER_BYTES=1M"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  // Node 0's ranks differ among themselves (8 vs 9 elements): it names both calls; node 1 names node 0.
-  EXPECT_EQ(nodal::testing::count_lines(r.out, "UsageError: ranks 0 and 1 on node 0 "), 2) << r.out;
-  EXPECT_EQ(nodal::testing::count_lines(r.out, "made different calls: allreduce #1 of 8 x f32 and allreduce #1 of 9 x f32"),
+  // Node 0's ranks differ among themselves (4 vs 9 elements): it names both calls; node 1 names node 0.
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "UsageError: ranks 0 and 1 on node 0 "), 4) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "made different calls: allreduce #1 of 4 x f32 and allreduce #1 of 9 x f32"),
             2)
       << r.out;
-  EXPECT_EQ(nodal::testing::count_lines(r.out, "UsageError: the ranks of node 0 "), 2) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "UsageError: the ranks of node 0 "), 4) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "made different calls: allreduce #4 of 150000 x f32 and allreduce #4 of "
+                                               "300000 x f32"),
+            2)
+      << r.out;
+  // And the world works on after each, as on one node.
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "2 mismatches, usable after each"), 4) << r.out;
 }
 
 TEST(MultiNode, VectorCollectivesAcrossNodesMatchTheirReferenceAndCheckCounts) {

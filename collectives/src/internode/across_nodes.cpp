@@ -200,11 +200,22 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     waiting.step = s;
     // The step now needs the agent (a process of this node) and the network: the rank yields
     // its core to them rather than spin on it (spinning with `pause` tripled a small step here).
+    auto failed = [&] { return b.mismatch.load(std::memory_order_acquire) > client.failed; };
     wait_until(
-        b.word,
-        [&] { return b.done.load(std::memory_order_acquire) >= s || b.mismatch.load(std::memory_order_acquire) != 0; },
-        Deadline{}, "a collective across nodes", /*yield_core=*/true);
-    if (b.done.load(std::memory_order_acquire) < s) throw UsageError(std::string(b.message));
+        b.word, [&] { return b.done.load(std::memory_order_acquire) >= s || failed(); }, Deadline{},
+        "a collective across nodes", /*yield_core=*/true);
+    if (b.done.load(std::memory_order_acquire) < s) {
+      // Step m failed on every node: line up at m + 1 with this node's other ranks, say so, and
+      // throw; the agent then skips m + 1 (node_bridge.hpp).
+      std::string message(b.message);
+      const std::uint64_t m = b.mismatch.load(std::memory_order_acquire);
+      client.failed = m;
+      client.step = m + 1;
+      if (mine.posted.load(std::memory_order_relaxed) < m + 1) mine.posted.store(m + 1, std::memory_order_release);
+      mine.resynced.store(m, std::memory_order_release);
+      notify(b.word);
+      throw UsageError(message);
+    }
     take_result(call, n, g, buffer_of(s), e0, e);
   };
   // Pipelined (nodal/detail/node_bridge.hpp): post step s, then take step s - 1's result.

@@ -17,6 +17,7 @@ struct BridgeClient {
   Arena* arena = nullptr;
   NodeBridge* bridge = nullptr;
   std::uint64_t step = 0;  ///< steps this rank has posted
+  std::uint64_t failed = 0;  ///< the last step that failed as a mismatch (node_bridge.hpp)
 };
 
 /// The world communicator of a multi-node job: rank and size are global, its calls go through

@@ -256,8 +256,21 @@ void NodeAgent::serve_steps() {
   std::uint64_t step = 1;
   while (!stopping()) {
     poll();
-    if (b.mismatch.load(std::memory_order_acquire) != 0) {
-      detail::sleep_on(b.word, [] { return false; }, std::chrono::milliseconds(20));
+    if (const std::uint64_t failed = b.mismatch.load(std::memory_order_acquire); failed != 0) {
+      // Step `failed` did not match: once every rank of this node has seen it (node_bridge.hpp),
+      // step failed + 1 is skipped here as on every node, and the ranks go on.
+      auto all_resynced = [&b, failed] {
+        for (int j = 0; j < b.local_size; ++j) {
+          if (b.ranks()[j].resynced.load(std::memory_order_acquire) < failed) return false;
+        }
+        return true;
+      };
+      if (detail::sleep_on(b.word, all_resynced, std::chrono::milliseconds(20))) {
+        b.done.store(failed + 1, std::memory_order_release);
+        b.mismatch.store(0, std::memory_order_release);
+        detail::notify(b.word);
+        step = failed + 2;
+      }
       continue;
     }
     // Calls come back to back in a loop: look for the next one, yielding, for kHotWait before
@@ -320,9 +333,9 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   }
   if (!local_mismatch.empty()) {
     std::snprintf(b.message, sizeof b.message, "%s", local_mismatch.c_str());
-    b.mismatch.store(1, std::memory_order_release);
+    b.mismatch.store(s, std::memory_order_release);
     detail::notify(b.word);
-    return true;  // the job goes on failing by itself: every rank throws UsageError
+    return true;  // every rank throws UsageError, then serve_steps skips s + 1 (node_bridge.hpp)
   }
   if (small) {
     // The data came with the descriptions: put the other nodes' parts where the ranks read them.

@@ -19,6 +19,12 @@
 // buffer s % 3 once every local rank has posted s, so after they read s - 3 too. A rank's step
 // description has two slots (s % 2): it writes s + 2's after taking s's result, which the agent
 // gives once it has read s's descriptions.
+//
+// A mismatch (the ranks' or the nodes' descriptions of step m differ) fails step m on every node:
+// the agent sets `mismatch` = m; each rank that waits for m (or m + 1, which it may have posted)
+// throws UsageError, having first moved its `posted` to m + 1 and acknowledged in `resynced`; once
+// every rank of the node has, the agent marks m + 1 done (it is never exchanged), clears `mismatch`
+// and goes on with m + 2 (every node skips the same step): the communicator works on, as on one node.
 #pragma once
 
 #include <nodal/detail/wait.hpp>
@@ -56,6 +62,7 @@ static_assert(sizeof(BridgeStep) == 56);
 struct alignas(64) BridgeRank {
   std::atomic<std::uint64_t> posted{0};  ///< the last step whose contribution this rank wrote
   BridgeStep steps[2];                   ///< what it posted: step s at s % 2 (written before `posted`)
+  std::atomic<std::uint64_t> resynced{0};  ///< the last failed step this rank has seen (see above)
 };
 
 struct NodeBridge {
@@ -70,8 +77,9 @@ struct NodeBridge {
   std::uint64_t buffer_offset[kNodeBuffers] = {};  ///< arena offsets; step s uses s % kNodeBuffers
   /// The last step the agent finished. Ranks wait for it; `word` wakes them.
   alignas(64) std::atomic<std::uint64_t> done{0};
-  /// Set once (then `message` says why), never cleared: the calls across nodes did not match.
-  std::atomic<std::uint32_t> mismatch{0};
+  /// The step that failed because the calls did not match (`message` says how), until every rank
+  /// of the node has seen it; 0 when none.
+  std::atomic<std::uint64_t> mismatch{0};
   char message[480] = {};
   /// Ranks notify it after a post, the agent after a step.
   alignas(64) WaitWord word;
