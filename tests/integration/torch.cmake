@@ -11,3 +11,8 @@ target_compile_definitions(torch_backend_test PRIVATE
                            NODAL_TEST_TORCH_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/programs/torch"
                            NODAL_TEST_TORCH_PROGRAM="$<TARGET_FILE:torch_c10d_program>"
                            NODAL_TEST_TORCH_EXAMPLE="${PROJECT_SOURCE_DIR}/examples/torch_ddp/train.py")
+# Across nodes: mpirun starts one nodalrun per "node" on this host (as the multi-node tests do).
+if(TARGET nodal_internode_mpi AND NODAL_MPIRUN)
+  add_dependencies(torch_backend_test nodal_internode_mpi)
+  target_compile_definitions(torch_backend_test PRIVATE NODAL_TEST_MPIRUN="${NODAL_MPIRUN}")
+endif()

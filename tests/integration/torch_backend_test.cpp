@@ -1,7 +1,8 @@
 // The torch.distributed backend (integrations/torch) under nodalrun with Debian's python3-torch:
 // every op against gloo's result and a rank-order reference at 2, 3 and 4 ranks; DDP training to
 // gloo's parameters; a SIGKILLed rank mid-training ends the job named, its peers' torch raising
-// PeerFailure; a default group that is not nodal's world refused; and ProcessGroupNodal from C++.
+// PeerFailure; a default group that is not nodal's world refused; ProcessGroupNodal from C++; and
+// every op on two nodes (mpirun, one nodalrun per node on this host).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -31,6 +32,21 @@ ChildResult run_script(int n, const std::string& script, std::vector<std::string
 }
 
 class TorchRanks : public ::testing::TestWithParam<int> {};
+
+#ifdef NODAL_TEST_MPIRUN
+TEST(TorchAcrossNodes, EveryOpMatchesGlooOnTwoNodesOfTwoRanks) {
+  // mpirun starts two nodalruns on this host, each its own node of 2 ranks; ops.py's subgroups are
+  // then the nodes' ranks (groups that span nodes are not built yet).
+  std::vector<std::string> argv = {NODAL_TEST_MPIRUN, "-n", "2", "--oversubscribe", "--mca", "btl", "tcp,self",
+                                   "--bind-to", "none", "-x", "PYTHONPATH", "-x", "PYTHONDONTWRITEBYTECODE",
+                                   kNodalrun, "-n", "2", kPython, kScripts + "/ops.py"};
+  ChildResult r = run(argv, 150s,
+                      {"PYTHONPATH=" NODAL_TEST_TORCH_MODULE_DIR, "PYTHONDONTWRITEBYTECODE=1", "OMPI_ALLOW_RUN_AS_ROOT=1",
+                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "LSAN_OPTIONS=detect_leaks=0"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] ops ok: [1-9]\d+ checks$)"), 4) << r.out;
+}
+#endif
 
 TEST_P(TorchRanks, EveryOpMatchesGlooAndTheRankOrderReference) {
   const int n = GetParam();

@@ -287,12 +287,21 @@ if N >= 2:
             dist.send(got * 2, dst=peer)
 
 # ---- subgroups made by their members alone ----
-evens = list(range(0, N, 2))
-odds = list(range(1, N, 2))
-g_even = dist.new_group(evens)
-g_odd = dist.new_group(odds) if odds else None
-mine = evens if RANK % 2 == 0 else odds
-group = g_even if RANK % 2 == 0 else g_odd
+NNODES = int(os.environ.get("NODAL_NNODES", "1"))
+if NNODES == 1:
+    evens = list(range(0, N, 2))
+    odds = list(range(1, N, 2))
+    g_even = dist.new_group(evens)
+    g_odd = dist.new_group(odds) if odds else None
+    mine = evens if RANK % 2 == 0 else odds
+    group = g_even if RANK % 2 == 0 else g_odd
+else:  # across nodes (as many ranks on each): groups within a node (one that spans nodes is refused
+    # in its members, and torch's new_group then leaves the others in its store-based barrier)
+    L = int(os.environ["LOCAL_WORLD_SIZE"])
+    nodes = [list(range(k, k + L)) for k in range(0, N, L)]
+    groups = [dist.new_group(ranks) for ranks in nodes]
+    mine = nodes[RANK // L]
+    group = groups[RANK // L]
 t = torch.tensor([float(RANK)])
 dist.all_reduce(t, group=group)
 check(t.item() == float(sum(mine)), f"subgroup {mine}: {t.item()}")
