@@ -56,74 +56,17 @@ EOF
   exit 2
 }
 
-die() { echo "$self: $*" >&2; exit 1; }
+# shellcheck disable=SC2034  # KNOB and SUFFIX are read by netns-lib.sh
+KNOB=NODAL_NETNS
+SUFFIX='[0-9]+'
+# shellcheck source=tests/support/netns-lib.sh
+. "$(dirname "$0")/netns-lib.sh"
 
-# is_count S MAX: S is a decimal integer in 1..MAX.
-is_count() {
-  case $1 in '' | *[!0-9]* | 0*) return 1 ;; esac
-  [ "${#1}" -le 3 ] && [ "$1" -le "$2" ]
-}
-
-check_settings() {
-  case $NET in
-    *[!0-9.]* | .* | *. | *..*) die "NODAL_NETNS_NET must be three octets like 10.78.0, not '$NET'" ;;
-  esac
-  [ "$(echo "$NET" | tr -cd . | wc -c)" -eq 2 ] \
-    || die "NODAL_NETNS_NET must be three octets like 10.78.0, not '$NET'"
-  # Interface names: at most 15 characters; the veth's number takes up to 3.
-  [ "${#VETH}" -le 12 ] || die "NODAL_NETNS_VETH '$VETH' too long (12 characters at most)"
-  [ "${#BRIDGE}" -le 15 ] || die "NODAL_NETNS_BRIDGE '$BRIDGE' too long (15 characters at most)"
-  case $DIR in /*) ;; *) die "NODAL_NETNS_DIR must be an absolute path, not '$DIR'" ;; esac
-  [ "$DIR" != / ] || die "NODAL_NETNS_DIR must not be /"
-}
+check_settings() { check_net_settings 10.78.0; }
 
 # probe: can this machine build the cluster? Prints why not on stderr; leaves nothing behind.
-probe() {
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "$self: needs root (network namespaces, veths, a bridge); running as uid $(id -u)" >&2
-    return 3
-  fi
-  if ! command -v ip >/dev/null 2>&1; then
-    echo "$self: no 'ip' command (iproute2)" >&2
-    return 3
-  fi
-  local ns="nodal-probe-$$" va="nodalpa$$" vb="nodalpb$$" br="nodalpbr$$" out rc=0
-  va=${va:0:15}
-  vb=${vb:0:15}
-  br=${br:0:15}
-  if ! out=$(ip netns add "$ns" 2>&1); then
-    echo "$self: 'ip netns add' does not work here: $out" >&2
-    return 3
-  fi
-  if ! out=$(ip netns exec "$ns" ip link set lo up 2>&1); then
-    echo "$self: 'ip netns exec' does not work here: $out" >&2
-    rc=3
-  elif ! out=$(ip link add "$va" type veth peer name "$vb" 2>&1); then
-    echo "$self: cannot make a veth pair: $out" >&2
-    rc=3
-  elif ! out=$(ip link set "$vb" netns "$ns" 2>&1); then
-    echo "$self: cannot move a veth into a namespace: $out" >&2
-    rc=3
-  elif ! out=$(ip link add "$br" type bridge 2>&1); then
-    echo "$self: cannot make a bridge: $out" >&2
-    rc=3
-  fi
-  ip link del "$br" >/dev/null 2>&1
-  ip link del "$va" >/dev/null 2>&1
-  ip netns del "$ns" >/dev/null 2>&1
-  return $rc
-}
-
-# Namespaces and root-side veths this script may have made, by name pattern: those of the
-# settings in effect and those recorded in DIR/config by the last 'up'.
-our_namespaces() {
-  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^($(re "$PREFIX")${1:+|$1})[0-9]+$"
-}
-our_veths() {
-  ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' \
-    | grep -E "^($(re "$VETH")${1:+|$1})[0-9]+$"
-}
-re() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g'; }
+in_namespace() { ip netns exec "$1" ip link set lo up; }
+probe() { probe_netns in_namespace; }
 
 # agent_users: the processes (not this one) with DIR/rsh as one whole argument of theirs.
 agent_users() {
@@ -136,50 +79,10 @@ agent_users() {
   return 0
 }
 
-# teardown: remove everything, quietly, whatever is there.
-teardown() {
-  set +e
-  local old_prefix="" old_veth="" old_bridge="" ns veth i
-  if [ -f "$DIR/config" ]; then
-    old_prefix=$(sed -n 's/^prefix=//p' "$DIR/config")
-    old_veth=$(sed -n 's/^veth=//p' "$DIR/config")
-    old_bridge=$(sed -n 's/^bridge=//p' "$DIR/config")
-  fi
-  local prefix_re="" veth_re=""
-  [ -n "$old_prefix" ] && [ "$old_prefix" != "$PREFIX" ] && prefix_re=$(re "$old_prefix")
-  [ -n "$old_veth" ] && [ "$old_veth" != "$VETH" ] && veth_re=$(re "$old_veth")
-  local namespaces
-  namespaces=$(our_namespaces "$prefix_re")
-  # Kill what runs inside: TERM first, KILL what is left after a moment.
-  # Also the launchers outside them (mpirun in the root namespace) that name this cluster's
-  # rsh as an argument of their own: one whose nodes are gone may otherwise wait for ever.
-  local -a pids
-  for i in 1 2 3 4 5 6 7 8 9 10 11; do
-    pids=()
-    for ns in $namespaces; do
-      mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$ns" 2>/dev/null)
-    done
-    mapfile -t -O "${#pids[@]}" pids < <(agent_users)
-    [ "${#pids[@]}" -gt 0 ] || break
-    if [ "$i" -eq 1 ]; then
-      kill -TERM "${pids[@]}" 2>/dev/null
-    elif [ "$i" -ge 6 ]; then
-      kill -KILL "${pids[@]}" 2>/dev/null
-    fi
-    sleep 0.2
-  done
-  # The root-side ends first: deleting a namespace frees its devices only once nothing holds it.
-  for veth in $(our_veths "$veth_re"); do
-    ip link del "$veth" >/dev/null 2>&1
-  done
-  for ns in $namespaces; do
-    ip netns del "$ns" >/dev/null 2>&1
-  done
-  ip link del "$BRIDGE" >/dev/null 2>&1
-  [ -n "$old_bridge" ] && [ "$old_bridge" != "$BRIDGE" ] && ip link del "$old_bridge" >/dev/null 2>&1
-  rm -rf "$DIR"
-  return 0
-}
+# teardown: remove everything, quietly, whatever is there; outside the namespaces, the launchers
+# (mpirun in the root namespace) that name this cluster's rsh: one whose nodes are gone may
+# otherwise wait for ever.
+teardown() { teardown_cluster agent_users; }
 
 write_rsh() {
   cat > "$DIR/rsh" <<EOF
@@ -230,10 +133,7 @@ node_reachable() {
 cmd_up() {
   local k=$1 i ns veth addr out
   probe || exit 3
-  # Another interface (not this script's bridge) already in NET would take its traffic.
-  out=$(ip -o -4 addr show 2>/dev/null | awk -v b="$BRIDGE" '$2 != b {print $2, $4}' \
-    | grep -F " $NET." || true)
-  [ -z "$out" ] || die "subnet $NET.0/24 is already in use here ($out); set NODAL_NETNS_NET"
+  check_subnet_free
   teardown
   # (up_built is global: the EXIT trap runs after this function's locals are gone.)
   up_built=0

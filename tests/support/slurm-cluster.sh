@@ -69,33 +69,24 @@ EOF
   exit 2
 }
 
-die() { echo "$self: $*" >&2; exit 1; }
-
-# is_count S MAX: S is a decimal integer in 1..MAX.
-is_count() {
-  case $1 in '' | *[!0-9]* | 0*) return 1 ;; esac
-  [ "${#1}" -le 5 ] && [ "$1" -le "$2" ]
-}
+# shellcheck disable=SC2034  # KNOB and SUFFIX are read by netns-lib.sh
+KNOB=NODAL_SLURM
+SUFFIX='([0-9]+|ctl)'
+# shellcheck source=tests/support/netns-lib.sh
+. "$(dirname "$0")/netns-lib.sh"
 
 check_settings() {
-  case $NET in
-    *[!0-9.]* | .* | *. | *..*) die "NODAL_SLURM_NET must be three octets like 10.79.0, not '$NET'" ;;
-  esac
-  [ "$(echo "$NET" | tr -cd . | wc -c)" -eq 2 ] \
-    || die "NODAL_SLURM_NET must be three octets like 10.79.0, not '$NET'"
-  [ "${#VETH}" -le 12 ] || die "NODAL_SLURM_VETH '$VETH' too long (12 characters at most)"
-  [ "${#BRIDGE}" -le 15 ] || die "NODAL_SLURM_BRIDGE '$BRIDGE' too long (15 characters at most)"
+  check_net_settings 10.79.0
   case $PREFIX in '' | *[!a-z0-9-]* | [0-9-]*) die "NODAL_SLURM_PREFIX must be like nodal-s, not '$PREFIX'" ;; esac
-  case $DIR in /*) ;; *) die "NODAL_SLURM_DIR must be an absolute path, not '$DIR'" ;; esac
-  [ "$DIR" != / ] || die "NODAL_SLURM_DIR must not be /"
   is_count "$PORT" 65534 || die "NODAL_SLURM_PORT must be a port number, not '$PORT'"
   is_count "$CPUS" 1024 || die "NODAL_SLURM_CPUS must be a count, not '$CPUS'"
   is_count "$TIMEOUT" 3600 || die "NODAL_SLURM_TIMEOUT must be seconds, not '$TIMEOUT'"
 }
 
 # probe: can this machine build the cluster? Prints why not (one line) on stderr; leaves nothing.
+in_namespace() { nsenter --net="/run/netns/$1" unshare --uts -- hostname "$1"; }
 probe() {
-  local c ns="nodal-sprobe-$$" va="nodalspa$$" br="nodalspbr$$" out rc=0
+  local c
   if [ "$(id -u)" -ne 0 ]; then
     echo "$self: needs root (network namespaces, veths, a bridge); running as uid $(id -u)" >&2
     return 3
@@ -111,37 +102,7 @@ probe() {
     echo "$self: no $c: srun --mpi=pmix cannot work (Debian: slurm-wlm-basic-plugins libpmix-dev)" >&2
     return 3
   done
-  va=${va:0:15}
-  br=${br:0:15}
-  if ! out=$(ip netns add "$ns" 2>&1); then
-    echo "$self: 'ip netns add' does not work here: $out" >&2
-    return 3
-  fi
-  if ! out=$(nsenter --net="/run/netns/$ns" unshare --uts -- hostname "$ns" 2>&1); then
-    echo "$self: 'nsenter --net' with 'unshare --uts' does not work here: $out" >&2
-    rc=3
-  elif ! out=$(ip link add "$va" type veth peer name eth0 netns "$ns" 2>&1); then
-    echo "$self: cannot make a veth pair into a namespace: $out" >&2
-    rc=3
-  elif ! out=$(ip link add "$br" type bridge 2>&1); then
-    echo "$self: cannot make a bridge: $out" >&2
-    rc=3
-  fi
-  ip link del "$br" >/dev/null 2>&1
-  ip link del "$va" >/dev/null 2>&1
-  ip netns del "$ns" >/dev/null 2>&1
-  return $rc
-}
-
-re() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g'; }
-# Namespaces and root-side veths this script may have made, by name pattern: those of the
-# settings in effect and those recorded in DIR/config by the last 'up'.
-our_namespaces() {
-  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^($(re "$PREFIX")${1:+|$1})([0-9]+|ctl)$"
-}
-our_veths() {
-  ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' \
-    | grep -E "^($(re "$VETH")${1:+|$1})([0-9]+|ctl)$"
+  probe_netns in_namespace
 }
 
 # our_processes: outside the namespaces, munged (its socket is one of its arguments) and the
@@ -160,42 +121,9 @@ our_processes() {
   return 0
 }
 
-# teardown: remove everything, quietly, whatever is there.
-teardown() {
-  set +e
-  local old_prefix="" old_veth="" old_bridge="" prefix_re="" veth_re="" namespaces ns veth i
-  if [ -f "$DIR/config" ]; then
-    old_prefix=$(sed -n 's/^prefix=//p' "$DIR/config")
-    old_veth=$(sed -n 's/^veth=//p' "$DIR/config")
-    old_bridge=$(sed -n 's/^bridge=//p' "$DIR/config")
-  fi
-  [ -n "$old_prefix" ] && [ "$old_prefix" != "$PREFIX" ] && prefix_re=$(re "$old_prefix")
-  [ -n "$old_veth" ] && [ "$old_veth" != "$VETH" ] && veth_re=$(re "$old_veth")
-  namespaces=$(our_namespaces "$prefix_re")
-  # Every process inside (slurmctld, slurmd, slurmstepd, the tasks) and munged and srun:
-  # TERM first, KILL what is left after a second (slurmd takes 1-2 s to go on TERM).
-  local -a pids
-  for i in 1 2 3 4 5 6 7 8 9 10 11; do
-    pids=()
-    for ns in $namespaces; do
-      mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$ns" 2>/dev/null)
-    done
-    mapfile -t -O "${#pids[@]}" pids < <(our_processes)
-    [ "${#pids[@]}" -gt 0 ] || break
-    if [ "$i" -eq 1 ]; then
-      kill -TERM "${pids[@]}" 2>/dev/null
-    elif [ "$i" -ge 6 ]; then
-      kill -KILL "${pids[@]}" 2>/dev/null
-    fi
-    sleep 0.2
-  done
-  for veth in $(our_veths "$veth_re"); do ip link del "$veth" >/dev/null 2>&1; done
-  for ns in $namespaces; do ip netns del "$ns" >/dev/null 2>&1; done
-  ip link del "$BRIDGE" >/dev/null 2>&1
-  [ -n "$old_bridge" ] && [ "$old_bridge" != "$BRIDGE" ] && ip link del "$old_bridge" >/dev/null 2>&1
-  rm -rf "$DIR"
-  return 0
-}
+# teardown: remove everything, quietly, whatever is there; outside the namespaces, munged and srun
+# (slurmd takes 1-2 s to go on TERM).
+teardown() { teardown_cluster our_processes; }
 
 write_conf() {
   local k=$1
@@ -270,10 +198,7 @@ show_logs() {
 cmd_up() {
   local k=$1 i out idle=0 t0
   probe || exit 3
-  # Another interface (not this script's bridge) already in NET would take its traffic.
-  out=$(ip -o -4 addr show 2>/dev/null | awk -v b="$BRIDGE" '$2 != b {print $2, $4}' \
-    | grep -F " $NET." || true)
-  [ -z "$out" ] || die "subnet $NET.0/24 is already in use here ($out); set NODAL_SLURM_NET"
+  check_subnet_free
   teardown
   # (up_built is global: the EXIT trap runs after this function's locals are gone.)
   up_built=0
