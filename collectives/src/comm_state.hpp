@@ -146,7 +146,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   std::vector<std::byte> cma_scratch;
   std::size_t vector_capacity[2] = {0, 0};
   /// Set on the world communicator of a job that spans nodes (internode/across_nodes.hpp): its
-  /// calls go through the node bridge, and none of the shared-memory fields above is mapped.
+  /// calls go through the node bridge; of the shared-memory fields above only `shared` is mapped
+  /// (its wake word, for send/recv between ranks of one node).
   std::shared_ptr<BridgeClient> across_nodes;
 
   CallHeader& header(int r, std::uint64_t call) const {

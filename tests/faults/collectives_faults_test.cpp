@@ -86,7 +86,8 @@ TEST_P(RankDies, EverySurvivorGetsPeerFailureFast) {
 INSTANTIATE_TEST_SUITE_P(
     Collectives, RankDies,
     ::testing::Values(
-        // Inside a 16 MiB pipelined allreduce, 2 ranks, 4, and 8 on 2 cores.
+        // Inside a 16 MiB allreduce: 2 ranks (cma: reading the victim's memory), 4 and 8 on 2
+        // cores (pipelined).
         KillCase{"large_allreduce_n2", 2, 1, {"what=allreduce", "count=4194304"}},
         KillCase{"large_allreduce_n4_rank0", 4, 0, {"what=allreduce", "count=4194304"}},
         KillCase{"large_allreduce_n8", 8, 5, {"what=allreduce", "count=4194304"}},

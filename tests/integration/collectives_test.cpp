@@ -261,6 +261,11 @@ TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
   // cases); i64 40 MB out of place is pipelined (1). Every reduce op of the matrix runs each case.
   EXPECT_GT(algorithms["private:pipelined"], 0) << describe(algorithms);
   EXPECT_EQ(algorithms["private:cma"], 7 * algorithms["private:pipelined"]) << describe(algorithms);
+  // Rank 0 in place, rank 1 not: both take cma below 32 MiB, both pipelined at 48 MiB.
+  ChildResult mixed = run_coll(2, {"mixed_place"}, {"-x", "NODAL_CMA=1"});
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.out << mixed.err;
+  EXPECT_EQ(count_lines(mixed.out, R"(mixed_place (1|20) MiB ok \(cma\))"), 4) << mixed.out;
+  EXPECT_EQ(count_lines(mixed.out, R"(mixed_place 48 MiB ok \(pipelined\))"), 2) << mixed.out;
 }
 
 TEST(Collectives, ResultsAreTheSameFromRunToRun) {

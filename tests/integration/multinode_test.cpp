@@ -366,7 +366,8 @@ TEST_F(NetnsCluster, ALinkDownFailsTheJobWithinTheNodeTimeout) {
 
 /// A real Slurm cluster (tests/support/slurm-cluster.sh: slurmctld and one slurmd per network
 /// namespace, PMIx), when this machine can build one (root, Debian's Slurm packages); brought up
-/// once for these tests. srun starts one nodalrun per node, as on a real cluster.
+/// once per test process (ctest runs each test in its own, under a second). srun starts one
+/// nodalrun per node, as on a real cluster.
 class SlurmCluster : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

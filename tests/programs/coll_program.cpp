@@ -29,6 +29,8 @@
 //             allreduces, ranks pausing at random so senders run ahead of receivers; every result
 //             checked; then senders run ahead while their receivers sleep.
 //   mismatch_kind  ranks call different collectives: UsageError on every rank.
+//   mixed_place  allreduce of private f32 buffers where rank 0 is in place and the others are not
+//             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
 //   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|split victim=R delay_ms=N
 //             count=N die=kill|exit: the victim dies (SIGKILL, or _Exit(3)) after delay_ms while the
@@ -1697,6 +1699,29 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
   return 0;
 }
 
+/// One rank in place, the others not: the algorithm table must pick the same path for all.
+int mixed_place(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int n = world.world_size();
+  for (std::size_t mib : {1, 20, 48}) {
+    const std::size_t count = mib << 18;  // f32 elements
+    std::vector<float> in(count), out(count);
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(ctx.rank() + static_cast<int>(i % 7));
+    float* result = ctx.rank() == 0 ? in.data() : out.data();
+    world.allreduce(in.data(), result, count, nodal::DType::f32, nodal::ReduceOp::sum);
+    for (std::size_t i = 0; i < count; ++i) {
+      const float expected = static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 7));
+      if (result[i] != expected) {
+        std::printf("rank %d: mixed_place %zu MiB: element %zu is %g, expected %g\n", ctx.rank(), mib, i,
+                    static_cast<double>(result[i]), static_cast<double>(expected));
+        return 1;
+      }
+    }
+    std::printf("rank %d: mixed_place %zu MiB ok (%s)\n", ctx.rank(), mib, world.last_algorithm().c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1726,6 +1751,8 @@ int main(int argc, char** argv) {
     rc = mismatch_kind(ctx);
   else if (mode == "p2p")
     rc = p2p(ctx);
+  else if (mode == "mixed_place")
+    rc = mixed_place(ctx);
   else if (mode == "kill")
     rc = kill_mode(ctx, options);
   else

@@ -46,7 +46,7 @@ Shape shape_of(const CollCall& call, int world_size) {
     case CollKind::alltoall: return {call.count * n, false};
     case CollKind::broadcast: return {call.count, true};
     case CollKind::scatter: return {call.count * n, true};
-    default: return {0, false};  // the v-variants are refused before
+    default: return {0, false};  // the v-variants run as these (run_vector)
   }
 }
 
@@ -325,7 +325,7 @@ void run_vector(CommState& comm, const CollCall& call) {
     case CollKind::gatherv:
       in.assign(block, std::byte{0});
       copy_bytes(in.data(), call.input, call.count * es);
-      out.resize(un * block);
+      if (call.kind == CollKind::allgatherv || g == call.root) out.resize(un * block);
       fixed.kind = call.kind == CollKind::allgatherv ? CollKind::allgather : CollKind::gather;
       fixed.input = in.data();
       fixed.output = out.data();

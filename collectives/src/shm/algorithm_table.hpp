@@ -45,7 +45,8 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 /// The algorithm of a call that does not take the small path, once every header is known:
 /// `bytes` per rank, `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
 /// input a peer reads allows cross-memory attach, and the message is >= CommConfig::cma_min_bytes).
-/// `in_place`: the call's input and output are one buffer.
+/// `in_place`: every rank's input and output are one buffer (from the headers, so every rank
+/// picks the same).
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
                           bool cma_usable);
 

@@ -253,7 +253,7 @@ void Call::run_lockstep(bool small) {
   }
   if (call_.on_gpu) return;  // agreed: the GPU backend moves the data
   const Algorithm algorithm = small ? Algorithm::small : large_algorithm(call_.kind, call_.count * esize_, n_,
-                                                                              call_.input == call_.output, all_in_arena(), cma_usable());
+                                                                              all_in_place(), all_in_arena(), cma_usable());
   c_.last_algorithm.store(algorithm_name(algorithm), std::memory_order_relaxed);  // a static string: no copy
   if (call_.kind == CollKind::barrier || call_.count == 0) return;
   if (algorithm == Algorithm::small) {
@@ -308,6 +308,16 @@ bool Call::all_in_arena() const {
     const CallHeader& h = c_.header(j, seq_);
     if (reads_peer_input(j) && !h.in_arena) return false;
     if (call_.kind == CollKind::allreduce && !h.out_arena) return false;
+  }
+  return true;
+}
+
+bool Call::all_in_place() const {
+  // From every header, so that every rank picks the same algorithm: one rank in place and
+  // another not must not take different paths.
+  for (int j = 0; j < n_; ++j) {
+    const CallHeader& h = c_.header(j, seq_);
+    if (h.input_offset != h.output_offset || h.in_arena != h.out_arena) return false;
   }
   return true;
 }

@@ -89,6 +89,8 @@ class Call {
   void run_lockstep(bool small);
   void run_rooted_small();
   bool all_in_arena() const;
+  /// Whether every rank's input is its output (read from the headers: the same on every rank).
+  bool all_in_place() const;
   bool reads_peer_input(int j) const;
   bool cma_usable() const;
   const void* peer_input(int j) const { return c_.arena->at(c_.header(j, seq_).input_offset); }
