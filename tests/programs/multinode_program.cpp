@@ -73,11 +73,11 @@ int kill_mode(const nodal::Context& ctx, int victim) {
   }
 }
 
-/// Rank 0 allreduces 8 elements, the others 9: every rank must get the same UsageError.
+/// Rank 0 allreduces half as many elements as the others: every rank must get the same
+/// UsageError. Twice: a small mismatch (4 vs 9 elements, one step), then a large one (150000 vs
+/// 300000: with a 1 MiB node buffer, 3 steps vs 5, so the ranks must line up again); after each,
+/// the world works on, small and large.
 int mismatch_mode(const nodal::Context& ctx) {
-  // Twice: a small mismatch (one step; rank 0's call differs on its node), then a large one
-  // (rank 0 posts one step, the others two: the ranks must line up again); after each, the
-  // world works on, small and large.
   nodal::Communicator world = ctx.world();
   int errors = 0;
   for (std::size_t size : {std::size_t{9}, std::size_t{300000}}) {

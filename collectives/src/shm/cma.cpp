@@ -5,8 +5,8 @@
 // reduces them with its own, in rank order (run_cma_reduce); allreduce does the same for one
 // block per rank, straight into its output, then reads the peers' reduced blocks out of their
 // outputs (run_cma_allreduce: reduce-scatter + all-gather, 1.75 copies per byte against the
-// pipelined path's 2.25), segment by segment. A peer whose memory is read returns only once the readers say they are
-// done (`consumed`).
+// pipelined path's 2.25), segment by segment. A peer whose memory is read returns only once the
+// readers say they are done (`consumed`).
 #include "shm/call.hpp"
 
 #include "reduce_kernels.hpp"
@@ -28,8 +28,8 @@ namespace {
 constexpr std::size_t kCmaReduceStep = 128 * 1024;
 
 /// Bytes of the message per segment of allreduce: what a rank reduces is still in cache when its
-/// peer reads it back. 8 MiB: 1.3x the unsegmented path at 32 MiB in place (4 MiB: 1.1x;
-/// bench/results/2026-11-26-cma-allreduce.md).
+/// peer reads it back. 8 MiB: 1.33x the unsegmented path at 32 MiB in place, 1.26x at 64 MiB
+/// (4 MiB: 1.02x and 1.25x; bench/results/2026-11-26-cma-allreduce.md).
 constexpr std::size_t kCmaAllreduceSegment = 8 * 1024 * 1024;
 
 }  // namespace
