@@ -1,9 +1,12 @@
 #include <nodal/pool.hpp>
 
+#include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/process.hpp>
 #include <nodal/detail/child_config.hpp>
 #include <nodal/detail/exception_report.hpp>
+#include <nodal/detail/storage.hpp>
+#include <nodal/detail/wait.hpp>
 
 #include <signal.h>
 #include <unistd.h>
@@ -27,8 +30,9 @@ using namespace std::chrono_literals;
 /// waits for the parent between two short tasks, few enough that a worker stuck in a long task
 /// holds back little work that another worker could do (tasks are not stolen back).
 constexpr std::size_t kDepth = 4;
-constexpr std::size_t kResultCapacity = 256;
-/// How long the collecting thread waits on the result queue before it looks at the workers, and
+/// A worker's result queue: one result per task it was given, plus an initializer's error.
+constexpr std::size_t kResultCapacity = kDepth + 1;
+/// How long the collecting thread waits on the result bell before it looks at the workers, and
 /// how often it looks at them while results keep coming.
 constexpr auto kPoll = 5ms;
 /// Pool::terminate: how long after SIGTERM a worker still running gets SIGKILL.
@@ -37,9 +41,21 @@ constexpr auto kTerminateGrace = 2s;
 /// What a worker puts on the result queue; every message's text starts with the worker's pid.
 enum Kind : std::int64_t { kResult = 2, kError = 3, kInitError = 4 };
 
+/// Rung by a worker after each put on its own result queue; the parent sleeps on it while every
+/// result queue is empty. One word for all workers: a futex waits on one address only. A worker
+/// killed between its put and the ring costs the parent at most kPoll, never the result.
+struct ResultBell {
+  detail::WaitWord word;
+};
+
+ResultBell& open_bell(const std::string& name) {
+  return detail::job_arena().find_or_construct<ResultBell>(name.c_str());
+}
+
 struct WorkerConfig {
   std::string tasks;
   std::string results;
+  std::string bell;
   void (*initializer)() = nullptr;
   std::uint64_t maxtasks = 0;
 };
@@ -56,6 +72,7 @@ QueueItem message(Kind kind, std::int64_t task, std::int64_t pid) {
 void worker_main(const WorkerConfig& config) {
   TensorQueue tasks = TensorQueue::open(config.tasks, kDepth);
   TensorQueue results = TensorQueue::open(config.results, kResultCapacity);
+  ResultBell& bell = open_bell(config.bell);
   const std::int64_t pid = ::getpid();
   if (config.initializer != nullptr) {
     try {
@@ -64,6 +81,7 @@ void worker_main(const WorkerConfig& config) {
       QueueItem report = message(kInitError, -1, pid);
       report.text += describe_exception(std::current_exception()) + "\n" + current_stack_trace();
       results.put(std::move(report));
+      detail::notify(bell.word);
       return;
     }
   }
@@ -83,6 +101,7 @@ void worker_main(const WorkerConfig& config) {
     }
     task.reset();  // drop the arguments' tensors before the result goes
     results.put(std::move(out));
+    detail::notify(bell.word);
   }
 }
 
@@ -95,6 +114,7 @@ void forkserver_worker() {
   config.maxtasks = reader.get<std::uint64_t>();
   config.tasks = reader.get<std::string>();
   config.results = reader.get<std::string>();
+  config.bell = reader.get<std::string>();
   item = QueueItem{};
   worker_main(config);
 }
@@ -131,6 +151,12 @@ struct Worker {
   int slot = 0;
   std::string queue_name;
   std::optional<TensorQueue> queue;
+  /// Its own result queue: a worker SIGKILLed inside a put leaves a cell claimed and never
+  /// published, which blocks every later item of that queue (Vyukov's queue has no way past
+  /// it). Shared by all workers, it would stall the others' results too; its own, it goes with
+  /// the worker.
+  std::string results_name;
+  std::optional<TensorQueue> results;
   std::deque<std::int64_t> given;
   std::uint64_t given_total = 0;  ///< for maxtasksperchild
 };
@@ -145,7 +171,7 @@ class Core {
   Core(std::size_t processes, PoolOptions options)
       : options_(options),
         id_(fmt::format("nodal.pool.{}.{}", ::getpid(), ++g_pool_count)),
-        results_(TensorQueue::open(id_ + ".results", kResultCapacity)) {
+        bell_(&open_bell(bell_name())) {
     if (options.start_method == StartMethod::spawn) {
       throw UsageError(
           "nodal::Pool: StartMethod::spawn is not supported (task functions travel as addresses, valid only in a "
@@ -257,12 +283,16 @@ class Core {
     for (Worker& worker : workers_) {
       if (options_.start_method == StartMethod::forkserver) discard_child_config(worker.pid);
       unlink(worker.queue_name);
+      unlink(worker.results_name);
     }
     workers_.clear();
     for (const std::string& name : spare_queues_) unlink(name);
     spare_queues_.clear();
-    results_.close();
-    unlink(id_ + ".results");
+    try {
+      detail::job_arena().destroy(bell_name().c_str());
+    } catch (...) {
+      // As unlink(): the job is failing anyway.
+    }
     backlog_.clear();
     std::vector<std::int64_t> unfinished;  // finish() may erase from the map: not while iterating it
     for (const auto& [id, task] : tasks_by_id_) {
@@ -295,8 +325,13 @@ class Core {
     auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(kPoll);
     if (deadline) wait = std::clamp(std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - Clock::now()),
                                     std::chrono::nanoseconds(0), wait);
-    const bool came = results_.wait_readable(wait);
-    if (came) drain();
+    bool came = false;
+    try {
+      detail::wait_until(
+          bell_->word, [&] { return (came = drain()); }, detail::Deadline{Clock::now() + wait},
+          "nodal::Pool waiting for a result");
+    } catch (const TimeoutError&) {
+    }
     // Looking at the workers costs a waitpid each: after a quiet kPoll, or once per kPoll.
     const auto now = Clock::now();
     if (!came || now >= next_check_) {
@@ -330,8 +365,17 @@ class Core {
     }
   }
 
-  void drain() {
-    while (std::optional<QueueItem> item = results_.try_get()) handle(std::move(*item));
+  /// Takes every result queued now; true when there was one.
+  bool drain() {
+    bool any = false;
+    // handle() never adds or removes workers, so the loop's references stay valid.
+    for (Worker& worker : workers_) {
+      while (std::optional<QueueItem> item = worker.results->try_get()) {
+        handle(std::move(*item));
+        any = true;
+      }
+    }
+    return any;
   }
 
   Worker* worker_of(std::int64_t pid) {
@@ -451,12 +495,14 @@ class Core {
       discard_child_config(worker.pid);
     }
     // A queue whose worker exited by itself is whole and reusable; one killed may have died
-    // between claiming a cell and releasing it (SIGKILL is not held back): it goes.
+    // between claiming a cell and releasing it (SIGKILL is not held back): it goes. Its result
+    // queue goes in any case (drained above, as far as it can be).
     if (code == 0 && !worker.queue->closed()) {
       spare_queues_.push_back(worker.queue_name);
     } else {
       unlink(worker.queue_name);
     }
+    unlink(worker.results_name);
   }
 
   static void unlink(const std::string& queue) noexcept {
@@ -477,11 +523,13 @@ class Core {
       queue_name = fmt::format("{}.tasks.{}", id_, slot);
     }
     TensorQueue queue = TensorQueue::open(queue_name, kDepth);
-    const std::string results = id_ + ".results";
+    // Slots are never reused, so a result queue is always new (no dead worker's cell in it).
+    std::string results = fmt::format("{}.results.{}", id_, slot);
+    TensorQueue result_queue = TensorQueue::open(results, kResultCapacity);
     ProcessOptions options{.start_method = options_.start_method, .name = fmt::format("PoolWorker-{}", slot)};
     std::unique_ptr<Process> process;
     if (options_.start_method == StartMethod::fork) {
-      WorkerConfig config{queue_name, results, options_.initializer, options_.maxtasksperchild};
+      WorkerConfig config{queue_name, results, bell_name(), options_.initializer, options_.maxtasksperchild};
       process = std::make_unique<Process>([config] { worker_main(config); }, options);
       process->start();
     } else {
@@ -493,15 +541,19 @@ class Core {
       writer.put(static_cast<std::uint64_t>(options_.maxtasksperchild));
       writer.put(queue_name);
       writer.put(results);
+      writer.put(bell_name());
       send_child_config(*process->pid(), std::move(handoff));
     }
     const pid_t pid = *process->pid();
-    workers_.push_back(Worker{std::move(process), pid, slot, std::move(queue_name), queue, {}, 0});
+    workers_.push_back(
+        Worker{std::move(process), pid, slot, std::move(queue_name), queue, std::move(results), result_queue, {}, 0});
   }
+
+  std::string bell_name() const { return id_ + ".bell"; }
 
   PoolOptions options_;
   std::string id_;
-  TensorQueue results_;
+  ResultBell* bell_;
   std::size_t processes_ = 0;
   std::vector<Worker> workers_;
   std::vector<std::string> spare_queues_;
