@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -131,8 +132,13 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// create_group() calls made so far, per hash of (set of members, tag).
   std::map<std::uint64_t, int> groups;
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
+  /// send/recv's state, made by the first of them. A thread sending and one receiving may use the
+  /// communicator at once (Communicator::send): the vectors are made and the channels looked up
+  /// under p2p_mutex; an element of p2p_sent (p2p_received) is then used by the sending
+  /// (receiving) thread of that peer only.
+  std::mutex p2p_mutex;
   std::vector<std::uint64_t> p2p_sent, p2p_received;  ///< per peer
-  std::vector<void*> p2p_channels;                   ///< per peer (to and from), lazily
+  std::vector<void*> p2p_channels;                   ///< per ordered pair (from, to), lazily
   /// The GPU path (gpu_backend.hpp), made by the first call on cuda tensors, for `gpu_device`.
   std::shared_ptr<GpuBackend> gpu;
   int gpu_device = -1;

@@ -554,14 +554,14 @@ void Communicator::barrier(Device device) {
   run(state(), barrier_call(), device);
 }
 
-void Communicator::send(const void* input, std::size_t count, DType dtype, int peer) {
+void Communicator::send(const void* input, std::size_t count, DType dtype, int peer, int tag) {
   check_buffer(input, count, "send", "input");
-  detail::send_message(state(), input, count, dtype, peer);
+  detail::send_message(state(), input, count, dtype, peer, tag);
 }
 
-void Communicator::recv(void* output, std::size_t count, DType dtype, int peer) {
+void Communicator::recv(void* output, std::size_t count, DType dtype, int peer, int tag) {
   check_buffer(output, count, "recv", "output");
-  detail::recv_message(state(), output, count, dtype, peer);
+  detail::recv_message(state(), output, count, dtype, peer, tag);
 }
 
 // ---- Tensors: the same calls, on the tensors' device; blocking or not. ----
@@ -815,10 +815,10 @@ Work Communicator::ialltoall(const Tensor& input, Tensor& output) {
 }
 Work Communicator::ibarrier() { return Work(start(state_, {barrier_call(), Device{}, {}, {}}, "ibarrier")); }
 
-void Communicator::send(const Tensor& tensor, int peer) {
+void Communicator::send(const Tensor& tensor, int peer, int tag) {
   auto& c = state();
   check_tensor(tensor, "send", "input");
-  if (tensor.device().kind == Device::Kind::cpu) return send(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  if (tensor.device().kind == Device::Kind::cpu) return send(tensor.data(), numel(tensor), tensor.dtype(), peer, tag);
   check_peer(c, peer, "send");
   // Behind pending GPU calls: they may be opening the backend this one uses.
   in_call_order(c, "send", [state = state_, tensor, peer] {
@@ -827,10 +827,10 @@ void Communicator::send(const Tensor& tensor, int peer) {
   });
 }
 
-void Communicator::recv(Tensor& tensor, int peer) {
+void Communicator::recv(Tensor& tensor, int peer, int tag) {
   auto& c = state();
   check_tensor(tensor, "recv", "output");
-  if (tensor.device().kind == Device::Kind::cpu) return recv(tensor.data(), numel(tensor), tensor.dtype(), peer);
+  if (tensor.device().kind == Device::Kind::cpu) return recv(tensor.data(), numel(tensor), tensor.dtype(), peer, tag);
   check_peer(c, peer, "recv");
   in_call_order(c, "recv", [state = state_, tensor, peer] {
     p2p_backend(*state, tensor.device(), "recv")

@@ -332,7 +332,7 @@ TEST_P(Errors, MismatchedArgumentsThrowUsageErrorOnEveryRankAndTheCommunicatorSt
   EXPECT_TRUE(contains(r.out, "but their calls since call")) << r.out;
 }
 
-TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
+TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCountsDtypesAndTags) {
   int n = GetParam();
   ChildResult r = run_coll(n, {"p2p"}, {}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -341,8 +341,8 @@ TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
   }
   // A mismatch per direction: 0->1 and 1->0, then 0->2 and 2->0. Both sides throw, and so does every
   // later call on that direction (the library declares the channel unusable).
-  std::vector<std::pair<std::string, int>> cases = {{"send 8 recv 7", 1}, {"send f32 recv i32", 1}};
-  if (n >= 3) cases.insert(cases.end(), {{"send 7 recv 8", 2}, {"send large recv large+1", 2}});
+  std::vector<std::pair<std::string, int>> cases = {{"send 8 recv 7", 1}, {"send tag 5 recv tag 6", 1}};
+  if (n >= 3) cases.insert(cases.end(), {{"send f32 recv i32", 2}, {"send large recv large+1", 2}});
   for (const auto& [name, peer] : cases) {
     for (int rank : {0, peer}) {
       std::string prefix = "rank " + std::to_string(rank) + " p2p case " + name;
@@ -350,6 +350,10 @@ TEST_P(Errors, SendRecvInOrderEveryPairAndMismatchedCounts) {
       EXPECT_TRUE(contains(r.out, prefix + ", later call: UsageError: ")) << prefix << "\n" << r.out;
     }
   }
+  // The tags case ran 1 -> 0: the receiver's error names both tags, the sender's the one it sent.
+  EXPECT_EQ(count_lines(r.out, R"(rank 0 p2p case send tag 5 recv tag 6: UsageError: recv of 8 x \S+ \(tag 6\).*\(tag 5\))"), 1)
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "tag 5); the pair's channel is unusable now")) << r.out;
 }
 
 TEST_P(Errors, SmallRootedCallsLetSendersRunAheadWithEveryResultRight) {

@@ -2,7 +2,8 @@
 #   MODE=find_package: install this build into a fresh prefix, then find_package(nodal) from it.
 #   MODE=add_subdirectory: build the consumer with nodal's source tree added as a subdirectory.
 # Inputs: MODE, SOURCE_DIR (nodal's source), BUILD_DIR (this build), WORK_DIR (scratch), NODALRUN,
-# CXX_FLAGS and LINK_FLAGS (the build's own, so a sanitized nodal links into a sanitized consumer).
+# CXX_FLAGS and LINK_FLAGS (the build's own, so a sanitized nodal links into a sanitized consumer),
+# WITH_TORCH (find_package mode: the build has the torch backend, so nodal::c10d is tried too).
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
@@ -17,6 +18,9 @@ endfunction()
 if(MODE STREQUAL "find_package")
   run_checked(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
   set(configure_args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  if(WITH_TORCH)
+    list(APPEND configure_args -DNODAL_CONSUMER_C10D=ON)
+  endif()
 else()
   # The consumer links nodal::runtime only: the torch backend (a minute of compiling) stays off.
   set(configure_args -DNODAL_SOURCE_DIR=${SOURCE_DIR} -DNODAL_BUILD_TESTS=OFF -DNODAL_BUILD_EXAMPLES=OFF
@@ -31,4 +35,12 @@ foreach(rank 0 1)
     message(FATAL_ERROR "consumer under nodalrun printed:\n${last_output}")
   endif()
 endforeach()
+if(MODE STREQUAL "find_package" AND WITH_TORCH)
+  run_checked(${NODALRUN} -n 2 ${WORK_DIR}/build/consumer_c10d)
+  foreach(rank 0 1)
+    if(NOT last_output MATCHES "\\[${rank}\\] consumer_c10d rank ${rank} of 2 sum 3")
+      message(FATAL_ERROR "consumer_c10d under nodalrun printed:\n${last_output}")
+    endif()
+  endforeach()
+endif()
 message(STATUS "consumer via ${MODE}: ok")

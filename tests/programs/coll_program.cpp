@@ -1459,24 +1459,25 @@ void fill_message(void* data, std::size_t count, std::uint64_t seed, int from) {
   for (std::size_t k = 0; k < count; ++k) p[k] = input_value<D>(seed, from, k, ReduceOp::sum);
 }
 
-void send_checked(Communicator& comm, const Message& m, std::uint64_t seed, int to, bool tensor, bool shared) {
+void send_checked(Communicator& comm, const Message& m, std::uint64_t seed, int to, bool tensor, bool shared,
+                  int tag = 0) {
   Tensor t = alloc(m.count, m.dtype, shared);
   int me = comm.global_rank(comm.rank());
   with_dtype(m.dtype, [&]<DType D>() { fill_message<D>(t.data(), m.count, seed, me); });
   if (tensor)
-    comm.send(t, to);
+    comm.send(t, to, tag);
   else
-    comm.send(t.data(), m.count, m.dtype, to);
+    comm.send(t.data(), m.count, m.dtype, to, tag);
 }
 
 void recv_checked(Communicator& comm, const Message& m, std::uint64_t seed, int from, bool tensor, bool shared,
-                  const std::string& what) {
+                  const std::string& what, int tag = 0) {
   Tensor t = alloc(m.count, m.dtype, shared);
   if (t.nbytes()) std::memset(t.data(), kSentinel, t.nbytes());
   if (tensor)
-    comm.recv(t, from);
+    comm.recv(t, from, tag);
   else
-    comm.recv(t.data(), m.count, m.dtype, from);
+    comm.recv(t.data(), m.count, m.dtype, from, tag);
   int sender = comm.global_rank(from);
   with_dtype(m.dtype, [&]<DType D>() {
     const auto* p = static_cast<const T_of<D>*>(t.data());
@@ -1496,14 +1497,17 @@ int p2p(const nodal::Context& ctx) {
   if (n < 2) fail("p2p needs at least 2 ranks");
   int messages = 0;
 
-  // 1. A long sequence 0 -> 1 of every dtype and assorted sizes, large ones included: in order.
+  // 1. A long sequence 0 -> 1 of every dtype and assorted sizes, large ones included, with assorted
+  // tags (the same on both sides): in order.
   const std::size_t counts[] = {0, 1, 7, 1000, 3, 4096, 1000003, 65, 2};
+  const int tags[] = {0, 7, -1, 1 << 30};
   for (int m = 0; m < 60; ++m) {
     Message msg{counts[m % 9], kAllDtypes[(m + m / 9) % 9]};  // every size meets several dtypes
     bool tensor = m % 4 >= 2, shared = m % 3 == 0;
     std::uint64_t seed = 1000 + static_cast<std::uint64_t>(m);
-    if (r == 0) send_checked(world, msg, seed, 1, tensor, shared);
-    if (r == 1) recv_checked(world, msg, seed, 0, !tensor, m % 5 == 0, format("sequence message %d", m));
+    const int tag = tags[m % 4 == 3 ? (m / 4) % 4 : m % 4];
+    if (r == 0) send_checked(world, msg, seed, 1, tensor, shared, tag);
+    if (r == 1) recv_checked(world, msg, seed, 0, !tensor, m % 5 == 0, format("sequence message %d", m), tag);
     ++messages;
   }
 
@@ -1561,10 +1565,13 @@ int p2p(const nodal::Context& ctx) {
   struct MismatchCase {
     const char* name;
     Message sent, received;
+    int sent_tag = 0, received_tag = 0;
   };
+  // A tag differs: the recv does not wait for a later message with its tag (the sender of this one
+  // waits in its rendezvous): a mismatch like the others.
   const MismatchCase mismatches[] = {{"send 8 recv 7", {8, DType::f32}, {7, DType::f32}},
+                                     {"send tag 5 recv tag 6", {8, DType::f32}, {8, DType::f32}, 5, 6},
                                      {"send f32 recv i32", {8, DType::f32}, {8, DType::i32}},
-                                     {"send 7 recv 8", {7, DType::f32}, {8, DType::f32}},
                                      {"send large recv large+1", {300000, DType::f64}, {300001, DType::f64}}};
   std::vector<std::pair<int, int>> directions = {{0, 1}, {1, 0}};
   if (n >= 3) directions.insert(directions.end(), {{0, 2}, {2, 0}});
@@ -1585,10 +1592,10 @@ int p2p(const nodal::Context& ctx) {
     const MismatchCase& mc = mismatches[i];
     const Message ok{8, DType::f32};
     if (r == from) {
-      usage_error(mc.name, [&] { send_checked(world, mc.sent, 77, to, false, false); });
+      usage_error(mc.name, [&] { send_checked(world, mc.sent, 77, to, false, false, mc.sent_tag); });
       usage_error(std::string(mc.name) + ", later call", [&] { send_checked(world, ok, 78, to, false, false); });
     } else if (r == to) {
-      usage_error(mc.name, [&] { recv_checked(world, mc.received, 77, from, false, false, mc.name); });
+      usage_error(mc.name, [&] { recv_checked(world, mc.received, 77, from, false, false, mc.name, mc.received_tag); });
       usage_error(std::string(mc.name) + ", later call",
                   [&] { recv_checked(world, ok, 78, from, false, false, "later call"); });
     }

@@ -25,7 +25,10 @@
 //   PeerFailure within 100 ms. Waiting goes through the runtime's one waiting helper (spin, then
 //   yield when ranks outnumber cores, then futex).
 // - A Communicator is a cheap handle (copies share one state); use it from one thread at a time
-//   (its non-blocking calls run on a thread of its own: see "Non-blocking collectives").
+//   (its non-blocking calls run on a thread of its own: see "Non-blocking collectives"), except
+//   that send and recv on cpu buffers may run on other threads at the same time as the
+//   collectives and as each other, as long as no two threads send to one peer, or receive from
+//   one peer, at once (how a torch isend and irecv go on while the caller goes on).
 //
 // Algorithms, picked per call from size and world size (Communicator::algorithm_table()):
 //   small      every rank copies its input into its slot, every rank reduces all slots itself
@@ -178,12 +181,16 @@ class Communicator {
   /// Blocks until `peer` has received the message (count elements of dtype) with recv (a
   /// rendezvous, like MPI_Ssend). Messages between two ranks arrive in order. Not part of the
   /// collective call sequence: send/recv may be interleaved with collectives freely.
-  /// Mismatched count or dtype: UsageError on both sides, and that direction of the pair stays
-  /// unusable (every later send or recv on it throws UsageError at once); other pairs, the other
-  /// direction and collectives go on working. In a job across nodes, between ranks of one node
-  /// only (UsageError for a peer on another node).
-  void send(const void* input, std::size_t count, DType dtype, int peer);
-  void recv(void* output, std::size_t count, DType dtype, int peer);
+  /// `tag` (MPI's and torch's message tag, any int) labels the message; the recv must name the
+  /// same tag as the send it meets. Matching is in order, not by tag: a recv whose tag differs
+  /// from the next message's is a mismatch, not a wait for a later message (that message's
+  /// sender is blocked in its rendezvous, so with MPI_Ssend the same program would deadlock).
+  /// Mismatched count, dtype or tag: UsageError on both sides, and that direction of the pair
+  /// stays unusable (every later send or recv on it throws UsageError at once); other pairs, the
+  /// other direction and collectives go on working. In a job across nodes, between ranks of one
+  /// node only (UsageError for a peer on another node).
+  void send(const void* input, std::size_t count, DType dtype, int peer, int tag = 0);
+  void recv(void* output, std::size_t count, DType dtype, int peer, int tag = 0);
 
   // ---- Tensors: contiguous tensors; count and dtype come from the tensor. ----
   // Throws UsageError for a non-contiguous or undefined tensor, when shapes do not fit (outputs of
@@ -219,8 +226,10 @@ class Communicator {
   void gather(const Tensor& input, Tensor& output, int root);
   void scatter(const Tensor& input, Tensor& output, int root);
   void alltoall(const Tensor& input, Tensor& output);
-  void send(const Tensor& tensor, int peer);
-  void recv(Tensor& tensor, int peer);
+  /// cpu tensors: as send/recv of a buffer, tags checked. cuda tensors go through NCCL, which has
+  /// no tags: `tag` is ignored there, as torch's NCCL backend ignores it.
+  void send(const Tensor& tensor, int peer, int tag = 0);
+  void recv(Tensor& tensor, int peer, int tag = 0);
   /// The v-variants on contiguous cpu tensors; counts in elements (numel of each block).
   void allgatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts);
   void gatherv(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts, int root);

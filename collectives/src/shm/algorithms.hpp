@@ -34,7 +34,7 @@ struct CollCall {
 void run_collective(CommState& comm, const CollCall& call);
 
 /// Point-to-point over the pair's channel (rendezvous: send returns once recv has copied it all).
-void send_message(CommState& comm, const void* input, std::size_t count, DType dtype, int peer);
-void recv_message(CommState& comm, void* output, std::size_t count, DType dtype, int peer);
+void send_message(CommState& comm, const void* input, std::size_t count, DType dtype, int peer, int tag);
+void recv_message(CommState& comm, void* output, std::size_t count, DType dtype, int peer, int tag);
 
 }  // namespace nodal::detail

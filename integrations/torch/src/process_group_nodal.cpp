@@ -3,8 +3,9 @@
 // (or, for a large allreduce with NODAL_TORCH_ASYNC=1, a pending one: work.hpp).
 #include <nodal/torch/process_group_nodal.hpp>
 
-#include "work.hpp"
+#include "p2p_lanes.hpp"
 #include "tensor_bridge.hpp"
+#include "work.hpp"
 
 #include <nodal/context.hpp>
 #include <nodal/errors.hpp>
@@ -139,7 +140,11 @@ c10::intrusive_ptr<ProcessGroupNodal> ProcessGroupNodal::create(int group_rank, 
 }
 
 ProcessGroupNodal::ProcessGroupNodal(Communicator comm)
-    : BackendBase(comm.rank(), comm.world_size()), comm_(std::move(comm)) {}
+    : BackendBase(comm.rank(), comm.world_size()),
+      comm_(std::move(comm)),
+      lanes_(std::make_unique<P2PLanes>(comm_.rank())) {}
+
+ProcessGroupNodal::~ProcessGroupNodal() = default;
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
@@ -395,28 +400,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::barrier(const c10d::BarrierOpt
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return run(comm_, c10d::OpType::SEND, "send", [&]() -> std::vector<at::Tensor> {
-    auto& t = single(tensors, "send");
-    TORCH_CHECK(tag == 0, "nodal: send: tag ", tag, ": the nodal backend matches messages between two ranks in order, "
-                "without tags (pass tag 0)");
-    const at::Tensor in = t.contiguous();
+  try {
+    const at::Tensor in = single(tensors, "send").contiguous();
     const Buffer b = buffer_of(in, false, "send");
-    comm_.send(b.data, b.count, b.dtype, dst_rank);
-    return {};
-  });
+    // `in` rides along: a contiguous copy lives until the message has gone.
+    return lanes_->post(
+        P2PLanes::Direction::send, c10d::OpType::SEND, "send",
+        [comm = comm_, in, b, dst_rank, tag]() mutable { comm.send(b.data, b.count, b.dtype, dst_rank, tag); }, {});
+  } catch (...) {
+    std::rethrow_exception(torch_error(std::current_exception(), "send"));
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return run(comm_, c10d::OpType::RECV, "recv", [&]() -> std::vector<at::Tensor> {
-    auto& t = single(tensors, "recv");
-    TORCH_CHECK(tag == 0, "nodal: recv: tag ", tag, ": the nodal backend matches messages between two ranks in order, "
-                "without tags (pass tag 0)");
-    Staged s(t, false);
-    const Buffer b = buffer_of(s.tensor(), false, "recv");
-    comm_.recv(b.data, b.count, b.dtype, src_rank);
-    s.commit();
-    return tensors;
-  });
+  try {
+    auto staged = std::make_shared<Staged>(single(tensors, "recv"), false);
+    const Buffer b = buffer_of(staged->tensor(), false, "recv");
+    return lanes_->post(
+        P2PLanes::Direction::recv, c10d::OpType::RECV, "recv",
+        [comm = comm_, staged, b, src_rank, tag]() mutable {
+          comm.recv(b.data, b.count, b.dtype, src_rank, tag);
+          staged->commit();
+        },
+        tensors);
+  } catch (...) {
+    std::rethrow_exception(torch_error(std::current_exception(), "recv"));
+  }
 }
 
 }  // namespace nodal::torch_backend

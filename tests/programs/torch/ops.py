@@ -285,6 +285,37 @@ if N >= 2:
             dist.recv(got, src=peer)
             check(torch.equal(got, msg), "recv")
             dist.send(got * 2, dst=peer)
+    # Tags: the recv names the send's tag.
+    if peer < N:
+        tagged = make(f"p2p-tag/{RANK}", RANK, [33], torch.float64)
+        got = torch.empty(33, dtype=torch.float64)
+        if RANK % 2 == 0:
+            dist.send(tagged, dst=peer, tag=7)
+            dist.recv(got, src=peer, tag=8)
+        else:
+            dist.recv(got, src=peer, tag=7)
+            dist.send(tagged, dst=peer, tag=8)
+        check(torch.equal(got, make(f"p2p-tag/{peer}", peer, [33], torch.float64)), "send/recv with tags")
+    # A ring where every rank isends before it receives (batch_isend_irecv, as ring exchanges
+    # use it): with a send that waited for its recv on the caller's thread, this would never end.
+    # A large message and a non-contiguous output (staged) among them.
+    for shape in ([5], [600000]):
+        nxt, prv = (RANK + 1) % N, (RANK - 1) % N
+        out = make(f"ring/{shape[0]}/{RANK}", RANK, shape, torch.float32)
+        into = torch.empty(shape[0], 2)[:, 1]
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.irecv, into, prv)])
+        for req in reqs:
+            req.wait()
+        check(torch.equal(into, make(f"ring/{shape[0]}/{prv}", prv, shape, torch.float32)),
+              f"isend before irecv around a ring, {shape[0]} elements")
+    # irecv posted first, then isend, then the waits: the receive does not hold the send back.
+    if peer < N:
+        back = torch.empty(9, dtype=torch.int64)
+        r = dist.irecv(back, src=peer)
+        s = dist.isend(torch.arange(9) + RANK, dst=peer)
+        r.wait()
+        s.wait()
+        check(torch.equal(back, torch.arange(9) + peer), "irecv before isend")
 
 # ---- subgroups made by their members alone ----
 NNODES = int(os.environ.get("NODAL_NNODES", "1"))
@@ -328,7 +359,13 @@ refused(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "cannot be re
 refused(lambda: dist.all_reduce(torch.ones(2).to_sparse()), "dense", "sparse tensor")
 refused(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=R.AVG), "avg", "bool AVG")
 if N > 1:  # this script runs on 2 ranks or more
-    refused(lambda: dist.send(torch.ones(1), dst=(RANK + 1) % N, tag=3), "tag", "send with a tag")
+    # Tags that differ: the recv does not wait for a later message (the sender waits for this
+    # one): UsageError on both sides.
+    if RANK ^ 1 < N:
+        if RANK % 2 == 0:
+            refused(lambda: dist.send(torch.ones(1), dst=RANK ^ 1, tag=3), "tag 3", "send with another tag")
+        else:
+            refused(lambda: dist.recv(torch.ones(1), src=RANK ^ 1, tag=4), "(tag 4)", "recv of another tag")
     # A call that does not match the others': UsageError on every rank, then the group works on.
     refused(lambda: dist.all_reduce(torch.ones(4 + RANK)), "UsageError", "mismatched allreduce")
 t = torch.ones(3)

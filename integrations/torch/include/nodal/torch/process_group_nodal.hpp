@@ -22,26 +22,31 @@
 //   future the progress thread completes with the tensor: DDP's backward pass goes on computing
 //   while a gradient bucket is reduced, as with torch's own backends. Worth it where cores are
 //   spare; off by default (with 2 ranks on 2 cores it gained nothing and cost the hop).
-//   Every other call runs to completion on the calling thread, after any pending one (calls keep
+//   Every other collective runs to completion on the calling thread, after any pending one (calls keep
 //   their order), and returns a finished Work whose future holds the output tensors (what DDP's
 //   comm hooks read). A mismatched call across ranks (count, dtype, op, root, kind) raises on
 //   every rank with nodal's UsageError text; a dead peer raises PeerFailure's text within 100 ms
 //   (from the call, or from a pending Work's wait() and future). Both reach Python as RuntimeError.
 // - The process group's timeout is not applied to calls: a peer that dies ends them with
 //   PeerFailure; a peer that never makes its call is what nodalrun's --stall-timeout names.
-// - send/recv are rendezvous (MPI_Ssend): send returns once the peer has received, so an isend
-//   followed by a recv on both sides of a pair deadlocks; pair them as send then recv on one side,
-//   recv then send on the other. Tags must be 0 (messages between two ranks arrive in order).
+// - send/recv return a pending Work at once (torch's isend/irecv) and run on the group's send
+//   thread and receive thread, each in call order (p2p_lanes.hpp): nodal's send is a rendezvous
+//   (MPI_Ssend), so on the caller's thread an isend followed by a recv on both sides of a pair
+//   would deadlock. Messages between two ranks are matched in order, and the recv must name the
+//   send's tag (a differing tag: UsageError on both sides, from the Work's wait()).
 #pragma once
 
 #include <nodal/communicator.hpp>
 #include <nodal/torch/backend_base.hpp>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace nodal::torch_backend {
+
+class P2PLanes;
 
 class ProcessGroupNodal final : public BackendBase {
  public:
@@ -56,6 +61,7 @@ class ProcessGroupNodal final : public BackendBase {
                                                        const std::string& group_id = "");
 
   explicit ProcessGroupNodal(Communicator comm);
+  ~ProcessGroupNodal() override;
 
   const std::string getBackendName() const override { return "nodal"; }
   /// The communicator every call goes to.
@@ -100,11 +106,17 @@ class ProcessGroupNodal final : public BackendBase {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+  /// send and recv return at once (torch's isend/irecv; dist.send waits on the Work): they run on
+  /// the group's send and receive threads (p2p_lanes.hpp), so two ranks may isend to each other
+  /// before they recv. `tag`: the recv must name the send's tag; messages between two ranks are
+  /// matched in order (Communicator::send: a differing tag is a UsageError on both sides).
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
 
  private:
   Communicator comm_;
+  /// After comm_: destroyed first, once what they run is done.
+  std::unique_ptr<P2PLanes> lanes_;
 };
 
 }  // namespace nodal::torch_backend

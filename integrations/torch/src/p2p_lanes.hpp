@@ -1,0 +1,55 @@
+// torch's isend and irecv return at once and complete later; gloo's do. nodal's send is a
+// rendezvous (Communicator::send), so run on the caller's thread, two ranks that isend to each
+// other before they recv (batch_isend_irecv around a ring, say) would wait forever. So the
+// process group runs its sends on one thread of its own and its receives on another (the send
+// lane and the receive lane, started by the first of each): a lane takes its calls in the order
+// they were posted, and its Work completes when the message has gone or come. Two lanes, not
+// one: a receive posted before a send must not hold the send back. Internal.
+#pragma once
+
+#include "work.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace nodal::torch_backend {
+
+class P2PLanes {
+ public:
+  explicit P2PLanes(int rank) : rank_(rank) {}
+  /// Waits for what was posted to run (a send nobody receives keeps it waiting, as it keeps the
+  /// job waiting: nodalrun's --stall-timeout names it), then ends the lanes.
+  ~P2PLanes();
+  P2PLanes(const P2PLanes&) = delete;
+  P2PLanes& operator=(const P2PLanes&) = delete;
+
+  enum class Direction { send, recv };
+  /// Queues `body` on the lane of `direction` and returns its Work at once: it completes with
+  /// `outputs` once body has run, or with body's error as torch_error words it for `call`.
+  c10::intrusive_ptr<c10d::Work> post(Direction direction, c10d::OpType op, const char* call,
+                                      std::function<void()> body, std::vector<at::Tensor> outputs);
+
+ private:
+  struct Task {
+    std::function<void()> body;
+    c10::intrusive_ptr<TensorListWork> work;
+    const char* call;
+  };
+  struct Lane {
+    std::mutex mutex;
+    std::condition_variable posted;
+    std::deque<Task> tasks;
+    bool stopping = false;
+    std::thread thread;
+  };
+  static void serve(Lane& lane);
+
+  int rank_;
+  Lane lanes_[2];
+};
+
+}  // namespace nodal::torch_backend
