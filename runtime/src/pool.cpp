@@ -170,13 +170,13 @@ class Core {
  public:
   Core(std::size_t processes, PoolOptions options)
       : options_(options),
-        id_(fmt::format("nodal.pool.{}.{}", ::getpid(), ++g_pool_count)),
-        bell_(&open_bell(bell_name())) {
+        id_(fmt::format("nodal.pool.{}.{}", ::getpid(), ++g_pool_count)) {
     if (options.start_method == StartMethod::spawn) {
       throw UsageError(
           "nodal::Pool: StartMethod::spawn is not supported (task functions travel as addresses, valid only in a "
           "fork of this program); use StartMethod::fork or StartMethod::forkserver");
     }
+    bell_ = &open_bell(bell_name());  // after the check: a constructor that throws runs no ~Core
     if (processes == 0) processes = std::max(1U, std::thread::hardware_concurrency());
     processes_ = processes;
     try {
@@ -515,16 +515,28 @@ class Core {
 
   void start_worker() {
     const int slot = next_slot_++;
-    std::string queue_name;
-    if (!spare_queues_.empty()) {
-      queue_name = std::move(spare_queues_.back());
-      spare_queues_.pop_back();
-    } else {
-      queue_name = fmt::format("{}.tasks.{}", id_, slot);
-    }
-    TensorQueue queue = TensorQueue::open(queue_name, kDepth);
+    const bool spare = !spare_queues_.empty();
+    std::string queue_name = spare ? spare_queues_.back() : fmt::format("{}.tasks.{}", id_, slot);
+    if (spare) spare_queues_.pop_back();
     // Slots are never reused, so a result queue is always new (no dead worker's cell in it).
-    std::string results = fmt::format("{}.results.{}", id_, slot);
+    const std::string results = fmt::format("{}.results.{}", id_, slot);
+    try {
+      launch(slot, queue_name, results);
+    } catch (...) {
+      // A worker that did not start leaves no queue behind (a spare one goes back to the spares).
+      unlink(results);
+      if (spare) {
+        spare_queues_.push_back(queue_name);
+      } else {
+        unlink(queue_name);
+      }
+      throw;
+    }
+  }
+
+  /// Opens the worker's queues, starts it and adds it to workers_.
+  void launch(int slot, const std::string& queue_name, const std::string& results) {
+    TensorQueue queue = TensorQueue::open(queue_name, kDepth);
     TensorQueue result_queue = TensorQueue::open(results, kResultCapacity);
     ProcessOptions options{.start_method = options_.start_method, .name = fmt::format("PoolWorker-{}", slot)};
     std::unique_ptr<Process> process;
@@ -545,15 +557,15 @@ class Core {
       send_child_config(*process->pid(), std::move(handoff));
     }
     const pid_t pid = *process->pid();
-    workers_.push_back(
-        Worker{std::move(process), pid, slot, std::move(queue_name), queue, std::move(results), result_queue, {}, 0});
+    workers_.push_back(Worker{std::move(process), pid, slot, queue_name, queue, results, result_queue, {}, 0});
   }
+
 
   std::string bell_name() const { return id_ + ".bell"; }
 
   PoolOptions options_;
   std::string id_;
-  ResultBell* bell_;
+  ResultBell* bell_ = nullptr;
   std::size_t processes_ = 0;
   std::vector<Worker> workers_;
   std::vector<std::string> spare_queues_;

@@ -48,8 +48,10 @@ struct ExtraHeader {
 };
 
 /// Dmitry Vyukov's bounded MPMC queue (1024cores.net, "Bounded MPMC queue"): each cell carries a
-/// sequence number telling producers and consumers whose turn it is, so neither side takes a lock
-/// and a stalled process blocks only its own cell.
+/// sequence number telling producers and consumers whose turn it is, so neither side takes a lock.
+/// A producer stalled (or killed) between claiming a cell and publishing it holds back the
+/// consumers at that cell, and so every item after it: the queue is whole again only if it goes
+/// on (nodal::Pool gives each worker its own result queue for this reason).
 struct Cell {
   std::atomic<std::uint64_t> sequence;
   ItemHandle item;

@@ -23,10 +23,12 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 
 bool sleep_on(WaitWord& word, const std::function<bool()>& ready, std::chrono::nanoseconds timeout) {
   const std::uint32_t seen = word.sequence.load(std::memory_order_seq_cst);
-  word.sleepers.fetch_add(1, std::memory_order_seq_cst);
-  bool done = ready();
-  if (!done) futex_wait(word.sequence, seen, timeout);
-  word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  bool done = false;
+  {
+    SleeperMark mark(word);
+    done = ready();
+    if (!done) futex_wait(word.sequence, seen, timeout);
+  }
   return done || ready();
 }
 

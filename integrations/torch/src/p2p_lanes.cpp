@@ -10,6 +10,7 @@ P2PLanes::~P2PLanes() {
     }
     lane.posted.notify_one();
     if (lane.thread.joinable()) lane.thread.join();
+    lane.finished.clear();
   }
 }
 
@@ -17,10 +18,12 @@ c10::intrusive_ptr<c10d::Work> P2PLanes::post(Direction direction, c10d::OpType 
                                               std::function<void()> body, std::vector<at::Tensor> outputs) {
   Lane& lane = lanes_[direction == Direction::send ? 0 : 1];
   auto work = c10::make_intrusive<TensorListWork>(rank_, op, std::move(outputs));
+  std::vector<Task> finished;  // released here, on the caller's thread, after the lock
   {
     std::lock_guard lock(lane.mutex);
     if (!lane.thread.joinable()) lane.thread = std::thread([&lane] { serve(lane); });
     lane.tasks.push_back(Task{std::move(body), work, call});
+    finished.swap(lane.finished);
   }
   lane.posted.notify_one();
   return work;
@@ -42,8 +45,9 @@ void P2PLanes::serve(Lane& lane) {
     } catch (...) {
       error = torch_error(std::current_exception(), task.call);
     }
-    task.body = nullptr;  // drops the tensors it holds before the Work says it is done
     task.work->complete(error);
+    std::lock_guard lock(lane.mutex);
+    lane.finished.push_back(std::move(task));  // its tensors and Work: see p2p_lanes.hpp
   }
 }
 

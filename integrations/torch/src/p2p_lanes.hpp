@@ -4,7 +4,11 @@
 // process group runs its sends on one thread of its own and its receives on another (the send
 // lane and the receive lane, started by the first of each): a lane takes its calls in the order
 // they were posted, and its Work completes when the message has gone or come. Two lanes, not
-// one: a receive posted before a send must not hold the send back. Internal.
+// one: a receive posted before a send must not hold the send back.
+// A lane thread never drops the last reference to a tensor or a Work: one that Python let go
+// of would then take the GIL to free its PyObject, and the caller's thread may hold the GIL
+// while it waits for the lane (destroying the group joins the lanes). Finished tasks go to
+// `finished`, emptied on the caller's thread (the next post, or the destructor). Internal.
 #pragma once
 
 #include "work.hpp"
@@ -43,6 +47,7 @@ class P2PLanes {
     std::mutex mutex;
     std::condition_variable posted;
     std::deque<Task> tasks;
+    std::vector<Task> finished;  ///< run and completed; released by the caller's thread
     bool stopping = false;
     std::thread thread;
   };

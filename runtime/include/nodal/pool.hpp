@@ -1,6 +1,6 @@
 // nodal::Pool: a pool of worker processes running tasks, like Python's multiprocessing.Pool
-// (torch.multiprocessing.Pool is the same class). Arguments and results travel through two
-// TensorQueues; tensors go by handle, never copied.
+// (torch.multiprocessing.Pool is the same class). Arguments and results travel through each
+// worker's own two TensorQueues (tasks in, results out); tensors go by handle, never copied.
 #pragma once
 
 #include <nodal/errors.hpp>

@@ -28,6 +28,19 @@ struct WaitWord {
   std::atomic<std::uint32_t> sleepers{0};
 };
 
+/// Counts this thread among `word`'s sleepers while it lives: a ready() or a sleep that throws
+/// (TimeoutError, PeerFailure) still takes it off, or every later notify would pay the syscall.
+class SleeperMark {
+ public:
+  explicit SleeperMark(WaitWord& word) noexcept : word_(word) { word_.sleepers.fetch_add(1, std::memory_order_seq_cst); }
+  ~SleeperMark() { word_.sleepers.fetch_sub(1, std::memory_order_seq_cst); }
+  SleeperMark(const SleeperMark&) = delete;
+  SleeperMark& operator=(const SleeperMark&) = delete;
+
+ private:
+  WaitWord& word_;
+};
+
 /// Wakes every waiter of `word` after the state it guards has changed (call it after the change).
 /// Correct against a waiter about to sleep: the waiter registers in `sleepers` and then re-tests
 /// its condition (Dekker's pattern, both sides sequentially consistent), so either it sees the
@@ -93,10 +106,12 @@ void wait_until(WaitWord& word, Ready&& ready, Deadline deadline, std::string_vi
       continue;
     }
     std::uint32_t seen = word.sequence.load(std::memory_order_seq_cst);
-    word.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    bool done = ready();
-    if (!done) waiter.sleep(word, seen);
-    word.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    bool done = false;
+    {
+      SleeperMark mark(word);
+      done = ready();
+      if (!done) waiter.sleep(word, seen);
+    }
     if (done || ready()) return;
   }
 }

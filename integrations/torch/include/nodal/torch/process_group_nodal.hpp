@@ -33,7 +33,9 @@
 //   thread and receive thread, each in call order (p2p_lanes.hpp): nodal's send is a rendezvous
 //   (MPI_Ssend), so on the caller's thread an isend followed by a recv on both sides of a pair
 //   would deadlock. Messages between two ranks are matched in order, and the recv must name the
-//   send's tag (a differing tag: UsageError on both sides, from the Work's wait()).
+//   send's tag (a differing tag: UsageError on both sides, from the Work's wait()). Sends to
+//   different peers go one after the other: a send nobody receives holds back the sends posted
+//   after it (gloo would complete those), and destroying the group waits for it.
 #pragma once
 
 #include <nodal/communicator.hpp>
