@@ -44,6 +44,12 @@ bool on_progress_thread(const at::Tensor& t) {
          nodal_dtype(t.scalar_type()).has_value();
 }
 
+/// A send's or recv's peer: another rank of the group (checked here, before a lane is made for it).
+void check_peer(const Communicator& comm, int peer, const char* call) {
+  TORCH_CHECK(peer >= 0 && peer < comm.world_size() && peer != comm.rank(), "nodal: ", call, ": peer ", peer,
+              " is not another rank of the group (size ", comm.world_size(), ", this rank ", comm.rank(), ")");
+}
+
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) {
   TORCH_CHECK(tensors.size() == 1, "nodal: ", call, " takes one tensor per process, got ", tensors.size());
   check_cpu_dense(tensors[0], call, "");
@@ -403,9 +409,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::send(std::vector<at::Tensor>& 
   try {
     const at::Tensor in = single(tensors, "send").contiguous();
     const Buffer b = buffer_of(in, false, "send");
+    check_peer(comm_, dst_rank, "send");
     // `in` rides along: a contiguous copy lives until the message has gone.
     return lanes_->post(
-        P2PLanes::Direction::send, c10d::OpType::SEND, "send",
+        P2PLanes::Direction::send, dst_rank, c10d::OpType::SEND, "send",
         [comm = comm_, in, b, dst_rank, tag]() mutable { comm.send(b.data, b.count, b.dtype, dst_rank, tag); }, {});
   } catch (...) {
     std::rethrow_exception(torch_error(std::current_exception(), "send"));
@@ -414,10 +421,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::send(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNodal::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   try {
+    check_peer(comm_, src_rank, "recv");
     auto staged = std::make_shared<Staged>(single(tensors, "recv"), false);
     const Buffer b = buffer_of(staged->tensor(), false, "recv");
     return lanes_->post(
-        P2PLanes::Direction::recv, c10d::OpType::RECV, "recv",
+        P2PLanes::Direction::recv, src_rank, c10d::OpType::RECV, "recv",
         [comm = comm_, staged, b, src_rank, tag]() mutable {
           comm.recv(b.data, b.count, b.dtype, src_rank, tag);
           staged->commit();

@@ -313,6 +313,25 @@ if N >= 2:
             req.wait()
         check(torch.equal(into, make(f"ring/{shape[0]}/{prv}", prv, shape, torch.float32)),
               f"isend before irecv around a ring, {shape[0]} elements")
+    # Sends to two peers are independent (as gloo's): rank 0's send to 1 cannot be received
+    # before its send to 2 is, since rank 1 first waits for rank 2, which first waits for rank 0.
+    # With one thread for all of a group's sends this would never end.
+    if len(ring) >= 3:
+        a, b, c = ring[:3]
+        got = torch.empty(4, dtype=torch.int64)
+        if RANK == a:
+            reqs = [dist.isend(torch.arange(4) + 10, dst=b), dist.isend(torch.arange(4) + 20, dst=c)]
+            for req in reqs:
+                req.wait()
+        elif RANK == b:
+            dist.recv(got, src=c)
+            check(torch.equal(got, torch.arange(4) + 30), "recv from the third rank first")
+            dist.recv(got, src=a)
+            check(torch.equal(got, torch.arange(4) + 10), "then the first rank's send")
+        elif RANK == c:
+            dist.recv(got, src=a)
+            check(torch.equal(got, torch.arange(4) + 20), "the first rank's second send")
+            dist.send(torch.arange(4) + 30, dst=b)
     # irecv posted first, then isend, then the waits: the receive does not hold the send back.
     if peer < N:
         back = torch.empty(9, dtype=torch.int64)
@@ -364,6 +383,8 @@ refused(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "cannot be re
 refused(lambda: dist.all_reduce(torch.ones(2).to_sparse()), "dense", "sparse tensor")
 refused(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=R.AVG), "avg", "bool AVG")
 if N > 1:  # this script runs on 2 ranks or more
+    refused(lambda: dist.send(torch.ones(1), dst=N), "is not another rank", "send to a rank outside the group")
+    refused(lambda: dist.recv(torch.ones(1), src=RANK), "is not another rank", "recv from itself")
     # Tags that differ: the recv does not wait for a later message (the sender waits for this
     # one): UsageError on both sides.
     if RANK ^ 1 < N:

@@ -29,13 +29,13 @@
 //   (from the call, or from a pending Work's wait() and future). Both reach Python as RuntimeError.
 // - The process group's timeout is not applied to calls: a peer that dies ends them with
 //   PeerFailure; a peer that never makes its call is what nodalrun's --stall-timeout names.
-// - send/recv return a pending Work at once (torch's isend/irecv) and run on the group's send
-//   thread and receive thread, each in call order (p2p_lanes.hpp): nodal's send is a rendezvous
-//   (MPI_Ssend), so on the caller's thread an isend followed by a recv on both sides of a pair
-//   would deadlock. Messages between two ranks are matched in order, and the recv must name the
-//   send's tag (a differing tag: UsageError on both sides, from the Work's wait()). Sends to
-//   different peers go one after the other: a send nobody receives holds back the sends posted
-//   after it (gloo would complete those), and destroying the group waits for it.
+// - send/recv return a pending Work at once (torch's isend/irecv) and run on a thread of the
+//   group per direction and peer, each in call order (p2p_lanes.hpp): nodal's send is a
+//   rendezvous (MPI_Ssend), so on the caller's thread an isend followed by a recv on both sides
+//   of a pair would deadlock. Messages between two ranks are matched in order, and the recv must
+//   name the send's tag (a differing tag: UsageError on both sides, from the Work's wait()). A
+//   peer outside the group is a c10::Error at the call. Destroying the group waits for the sends
+//   and receives posted (one nobody answers keeps it waiting: nodalrun's --stall-timeout).
 #pragma once
 
 #include <nodal/communicator.hpp>
@@ -109,8 +109,8 @@ class ProcessGroupNodal final : public BackendBase {
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
   /// send and recv return at once (torch's isend/irecv; dist.send waits on the Work): they run on
-  /// the group's send and receive threads (p2p_lanes.hpp), so two ranks may isend to each other
-  /// before they recv. `tag`: the recv must name the send's tag; messages between two ranks are
+  /// the group's threads per direction and peer (p2p_lanes.hpp), so two ranks may isend to each
+  /// other before they recv. `tag`: the recv must name the send's tag; messages between two ranks are
   /// matched in order (Communicator::send: a differing tag is a UsageError on both sides).
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
