@@ -4,6 +4,7 @@
 
 #include <nodal/arena.hpp>
 #include <nodal/communicator.hpp>
+#include <nodal/detail/p2p_channel.hpp>  // step_flag
 #include <nodal/detail/wait.hpp>
 
 #include <atomic>
@@ -78,9 +79,6 @@ struct alignas(kCacheLine) Progress {
   alignas(kCacheLine) std::int32_t pid = 0;
   std::uint8_t cma = 0;  ///< 1: peers may read this rank's memory with process_vm_readv
 };
-
-inline std::uint64_t step_flag(std::uint64_t seq, std::uint64_t step) { return (seq << 24) | (step + 1); }
-constexpr std::uint64_t kMaxSteps = (1u << 24) - 2;
 
 /// Sizes every member must agree on (they come from the same environment).
 struct CommConfig {

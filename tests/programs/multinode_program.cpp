@@ -1,11 +1,13 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
-// it on each "node" under mpirun. MODE: env | kill VICTIM | mismatch | refused | local_groups | loop.
+// it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch | refused |
+// local_groups | loop.
 #include <nodal/communicator.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -55,7 +57,9 @@ int env_mode(const nodal::Context& ctx) {
 
 /// Allreduces until the job fails: VICTIM SIGKILLs itself after 300 ms; the others report the
 /// PeerFailure they get and how long after the kill (the victim's clock is the machine's).
-int kill_mode(const nodal::Context& ctx, int victim) {
+/// `p2p`: VICTIM sends 16 MiB messages to rank 0 instead, which receives them (the kill comes
+/// mid-message), and the other ranks wait in a barrier.
+int kill_mode(const nodal::Context& ctx, int victim, bool p2p) {
   nodal::Communicator world = ctx.world();
   if (ctx.rank() != victim) ::signal(SIGTERM, SIG_IGN);  // so that PeerFailure, not nodalrun's SIGTERM, ends them
   std::vector<float> in(1 << 18, 1.0f), out(in.size());
@@ -63,14 +67,75 @@ int kill_mode(const nodal::Context& ctx, int victim) {
   const auto start = Clock::now();
   try {
     for (long i = 0;; ++i) {
-      if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) ::raise(SIGKILL);
-      world.allreduce(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
+      if (!p2p) {
+        if (ctx.rank() == victim && Clock::now() - start > std::chrono::milliseconds(300)) ::raise(SIGKILL);
+        world.allreduce(in.data(), out.data(), in.size(), DType::f32, ReduceOp::sum);
+      } else if (ctx.rank() == victim) {
+        std::thread([start] {
+          std::this_thread::sleep_until(start + std::chrono::milliseconds(300));
+          ::raise(SIGKILL);
+        }).detach();
+        std::vector<float> big(std::size_t{4} << 20, 2.0f);
+        for (;;) world.send(big.data(), big.size(), DType::f32, 0);
+      } else if (ctx.rank() == 0) {
+        std::vector<float> big(std::size_t{4} << 20);
+        world.recv(big.data(), big.size(), DType::f32, victim);
+      } else {
+        world.barrier();
+      }
     }
   } catch (const nodal::PeerFailure& e) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() - 300;
     std::printf("rank %d: PeerFailure %.0f ms after the kill: %s\n", ctx.rank(), ms, e.what());
     return 1;
   }
+}
+
+/// send/recv around the ring on two threads of every rank (one sends to the next rank, one
+/// receives from the previous: within and across nodes) while the main thread allreduces: each
+/// message's contents and each allreduce checked.
+int p2p_threads_mode(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int n = world.world_size(), r = ctx.rank();
+  const std::size_t sizes[] = {1, 300, 70000, 1 << 20};
+  constexpr int kMessages = 40;
+  std::atomic<int> failures{0};
+  auto fill = [](std::vector<std::int32_t>& v, int from, int m) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>(from * 1000003 + m * 7919 + static_cast<int>(i));
+  };
+  std::thread sender([&] {
+    for (int m = 0; m < kMessages; ++m) {
+      std::vector<std::int32_t> v(sizes[m % 4]);
+      fill(v, r, m);
+      world.send(v.data(), v.size(), DType::i32, (r + 1) % n, m);
+    }
+  });
+  std::thread receiver([&] {
+    const int from = (r + n - 1) % n;
+    for (int m = 0; m < kMessages; ++m) {
+      std::vector<std::int32_t> got(sizes[m % 4]), want(sizes[m % 4]);
+      fill(want, from, m);
+      world.recv(got.data(), got.size(), DType::i32, from, m);
+      if (got != want) {
+        ++failures;
+        std::printf("rank %d: message %d from rank %d differs\n", r, m, from);
+      }
+    }
+  });
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> x(i % 2 ? 100000 : 3, static_cast<float>(r + i));
+    world.allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum);
+    const float want = static_cast<float>(n) * static_cast<float>(i) + static_cast<float>(n * (n - 1) / 2);
+    if (x.front() != want || x.back() != want) {
+      ++failures;
+      std::printf("rank %d: allreduce %d gave %g, expected %g\n", r, i, static_cast<double>(x.front()),
+                  static_cast<double>(want));
+    }
+  }
+  sender.join();
+  receiver.join();
+  if (failures == 0) std::printf("rank %d: p2p threads ok\n", r);
+  return failures == 0 ? 0 : 1;
 }
 
 /// Rank 0 allreduces half as many elements as the others: every rank must get the same
@@ -118,10 +183,9 @@ int refused_mode(const nodal::Context& ctx) {
   expect_usage("split", [&] { world.split(0, 0); });
   expect_usage("create_group", [&] { world.create_group({0, 1}); });
   float x = 1;
-  expect_usage("send", [&] { world.send(&x, 1, DType::f32, (ctx.rank() + 1) % world.world_size()); });
   world.allreduce(&x, &x, 1, DType::f32, ReduceOp::sum);
-  std::printf("rank %d: refused %d of 3, then allreduce %g\n", ctx.rank(), refused, static_cast<double>(x));
-  return refused == 3 && x == static_cast<float>(world.world_size()) ? 0 : 1;
+  std::printf("rank %d: refused %d of 2, then allreduce %g\n", ctx.rank(), refused, static_cast<double>(x));
+  return refused == 2 && x == static_cast<float>(world.world_size()) ? 0 : 1;
 }
 
 /// Communicators and send/recv within one node of a job that spans nodes (run with 2 or more
@@ -198,7 +262,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   nodal::Context ctx = nodal::init();
   if (mode == "env") return env_mode(ctx);
-  if (mode == "kill") return kill_mode(ctx, argc > 2 ? std::atoi(argv[2]) : ctx.world_size() - 1);
+  if (mode == "kill" || mode == "p2p_kill") {
+    return kill_mode(ctx, argc > 2 ? std::atoi(argv[2]) : ctx.world_size() - 1, mode == "p2p_kill");
+  }
+  if (mode == "p2p_threads") return p2p_threads_mode(ctx);
   if (mode == "mismatch") return mismatch_mode(ctx);
   if (mode == "refused") return refused_mode(ctx);
   if (mode == "local_groups") return local_groups_mode(ctx);

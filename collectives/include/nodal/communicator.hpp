@@ -187,8 +187,9 @@ class Communicator {
   /// sender is blocked in its rendezvous, so with MPI_Ssend the same program would deadlock).
   /// Mismatched count, dtype or tag: UsageError on both sides, and that direction of the pair
   /// stays unusable (every later send or recv on it throws UsageError at once); other pairs, the
-  /// other direction and collectives go on working. In a job across nodes, between ranks of one
-  /// node only (UsageError for a peer on another node).
+  /// other direction and collectives go on working. In a job across nodes, between any two
+  /// ranks with the same rules (the nodes' agents move the messages: launcher/src/multinode/
+  /// p2p_relay.hpp). Throws PeerFailure when the job fails while waiting.
   void send(const void* input, std::size_t count, DType dtype, int peer, int tag = 0);
   void recv(void* output, std::size_t count, DType dtype, int peer, int tag = 0);
 

@@ -1,11 +1,15 @@
-// Point-to-point send/recv on the shared-memory path: per ordered pair of ranks a channel in the
-// arena, a ring of kP2PDepth chunks the sender fills and the receiver empties (rendezvous: send
-// returns once recv has copied it all). A count, dtype or tag mismatch breaks the pair's channel.
+// Point-to-point send/recv: per ordered pair of ranks a channel in the arena
+// (nodal/detail/p2p_channel.hpp), a ring of kP2PDepth chunks the sender fills and the receiver
+// empties (rendezvous: send returns once recv has copied it all). A count, dtype or tag mismatch
+// breaks the pair's direction. Between ranks of different nodes each rank uses its channel as on
+// one node, and the nodes' agents move the messages between the two nodes' arenas.
 #include "shm/algorithms.hpp"
 
 #include "internode/across_nodes.hpp"
 
 #include <nodal/errors.hpp>
+#include <nodal/detail/node_bridge.hpp>
+#include <nodal/detail/p2p_channel.hpp>
 #include <nodal/detail/units.hpp>
 #include <nodal/detail/wait_record.hpp>
 
@@ -19,23 +23,19 @@
 namespace nodal::detail {
 namespace {
 
-/// One direction between two ranks: a ring of kP2PDepth entries the sender fills and the
-/// receiver empties, and the description of the message in flight.
-struct P2PChannel {
-  alignas(kCacheLine) std::atomic<std::uint64_t> sent{0};   ///< step_flag(message, step) staged
-  alignas(kCacheLine) std::atomic<std::uint64_t> acked{0};  ///< step_flag(message, step) copied out
-  alignas(kCacheLine) std::uint64_t count = 0;
-  DType dtype = DType::u8;
-  std::int32_t tag = 0;
-  std::atomic<std::uint32_t> broken{0};  ///< a mismatch was seen: the channel is unusable
+/// A direction's channel and the word its flags wake.
+struct Endpoint {
+  P2PChannel& ch;
+  WaitWord& word;
+  /// The node bridge when the pair spans nodes (this node's agent moves the messages), else null.
+  NodeBridge* bridge;
 };
-constexpr std::size_t kP2PChunk = 256 * 1024;
-constexpr std::size_t kP2PDepth = 2;
-constexpr std::size_t kP2PHeader = 4096;
 
 /// The channel from -> to, made by the first call that needs it (with the per-peer counters).
-P2PChannel& channel(CommState& comm, int from, int to) {
+/// A channel towards another node's rank is registered in the bridge's table for the agent.
+Endpoint endpoint(CommState& comm, int from, int to) {
   const std::size_t index = static_cast<std::size_t>(from) * comm.size + to;
+  NodeBridge* bridge = comm.across_nodes && !on_this_node(comm, {from, to}) ? comm.across_nodes->bridge : nullptr;
   std::lock_guard lock(comm.p2p_mutex);
   if (comm.p2p_channels.empty()) {
     comm.p2p_channels.assign(static_cast<std::size_t>(comm.size) * comm.size, nullptr);
@@ -44,15 +44,48 @@ P2PChannel& channel(CommState& comm, int from, int to) {
   }
   void*& slot = comm.p2p_channels[index];
   if (slot == nullptr) {
-    std::string name = fmt::format("nodal.p2p:{}:{}-{}", comm.name, from, to);
-    slot = comm.arena->find_or_create(name.c_str(), kP2PHeader + kP2PDepth * kP2PChunk, 4096,
-                                      [](void* where) { new (where) P2PChannel(); });
+    const std::string name = p2p_channel_name(comm.name, from, to);
+    slot = comm.arena->find_or_create(name.c_str(), kP2PChannelBytes, 4096, [](void* where) { new (where) P2PChannel(); });
+    if (bridge && from == comm.rank) {
+      auto* table = static_cast<std::atomic<std::uint64_t>*>(comm.arena->at(bridge->p2p_table_offset));
+      const auto entry = static_cast<std::size_t>(from - bridge->first_rank) * static_cast<std::size_t>(bridge->world_size) +
+                         static_cast<std::size_t>(to);
+      table[entry].store(comm.arena->offset_of(slot) + 1, std::memory_order_release);
+      bridge->p2p_registered.fetch_add(1, std::memory_order_acq_rel);
+      notify(bridge->word);
+    }
   }
-  return *static_cast<P2PChannel*>(slot);
+  auto& ch = *static_cast<P2PChannel*>(slot);
+  return bridge ? Endpoint{ch, bridge->word, bridge} : Endpoint{ch, comm.shared->word, nullptr};
 }
 
-std::byte* channel_entry(P2PChannel& ch, std::uint64_t step) {
-  return reinterpret_cast<std::byte*>(&ch) + kP2PHeader + (step % kP2PDepth) * kP2PChunk;
+/// While a rank is inside a send/recv with another node's rank: the agent then polls for it.
+class AcrossNodes {
+ public:
+  explicit AcrossNodes(NodeBridge* bridge) : bridge_(bridge) {
+    if (!bridge_) return;
+    bridge_->p2p_active.fetch_add(1, std::memory_order_acq_rel);
+    notify(bridge_->word);
+  }
+  ~AcrossNodes() {
+    if (bridge_) bridge_->p2p_active.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  AcrossNodes(const AcrossNodes&) = delete;
+  AcrossNodes& operator=(const AcrossNodes&) = delete;
+
+ private:
+  NodeBridge* bridge_;
+};
+
+/// Waits until `ready`; across nodes the rank yields its core to the agent and the network.
+template <class Ready>
+void wait_for(const Endpoint& e, Ready&& ready, const char* what) {
+  wait_until(e.word, std::forward<Ready>(ready), Deadline{}, what, /*yield_core=*/e.bridge != nullptr);
+}
+
+void publish_flag(const Endpoint& e, std::atomic<std::uint64_t>& flag, std::uint64_t value) {
+  flag.store(value, std::memory_order_release);
+  notify(e.word);
 }
 
 void check_channel(const P2PChannel& ch, const CommState& comm, int from, int to) {
@@ -84,11 +117,6 @@ void check_peer(const CommState& comm, int peer, const char* what) {
     throw UsageError(fmt::format("{}: peer {} is not another rank of communicator '{}' (size {}, this rank {})", what,
                                  peer, comm.name, comm.size, comm.rank));
   }
-  if (comm.across_nodes && !on_this_node(comm, {comm.rank, peer})) {
-    throw UsageError(fmt::format("{} on communicator '{}': rank {} is on another node, and send and recv between nodes "
-                                 "are not built yet (between ranks of one node they are)",
-                                 what, comm.name, peer));
-  }
 }
 
 }  // namespace
@@ -98,32 +126,36 @@ void send_message(CommState& comm, const void* input, std::size_t count, DType d
   const P2PCall described{comm, true, peer, count * element_size(dtype)};
   BlockingCall blocking(&P2PCall::describe, &described);
   check_job_alive();
-  P2PChannel& ch = channel(comm, comm.rank, peer);
+  const Endpoint e = endpoint(comm, comm.rank, peer);
+  AcrossNodes across(e.bridge);
+  P2PChannel& ch = e.ch;
   check_channel(ch, comm, comm.rank, peer);
   const std::uint64_t message = ++comm.p2p_sent[peer];
   const std::size_t total = count * element_size(dtype);
-  const std::size_t steps = std::max<std::size_t>(1, ceil_div(total, kP2PChunk));
+  const std::uint64_t steps = p2p_chunks(total);
   // The previous message is fully acknowledged (send is a rendezvous), so the header is free.
   ch.count = count;
+  ch.bytes = total;
   ch.dtype = dtype;
   ch.tag = tag;
-  for (std::size_t i = 0; i < steps; ++i) {
+  // No wake: chunk 0's publication below (at once: the ring is free) wakes the receiver.
+  ch.offered.store(message, std::memory_order_release);
+  for (std::uint64_t i = 0; i < steps; ++i) {
     if (i >= kP2PDepth) {
-      wait_until(
-          comm.shared->word,
+      wait_for(
+          e,
           [&] { return ch.acked.load(std::memory_order_acquire) >= step_flag(message, i - kP2PDepth) || ch.broken.load(); },
-          Deadline{}, "send");
+          "send");
       check_channel(ch, comm, comm.rank, peer);
     }
     const std::size_t begin = i * kP2PChunk;
     const std::size_t len = std::min(kP2PChunk, total - std::min(total, begin));
-    if (len != 0) std::memcpy(channel_entry(ch, i), bytes(input) + begin, len);
-    publish(comm, ch.sent, step_flag(message, i));
+    if (len != 0) std::memcpy(ch.entry(i), bytes(input) + begin, len);
+    publish_flag(e, ch.sent, step_flag(message, i));
   }
-  wait_until(
-      comm.shared->word,
-      [&] { return ch.acked.load(std::memory_order_acquire) >= step_flag(message, steps - 1) || ch.broken.load(); },
-      Deadline{}, "send");
+  wait_for(
+      e, [&] { return ch.acked.load(std::memory_order_acquire) >= step_flag(message, steps - 1) || ch.broken.load(); },
+      "send");
   check_channel(ch, comm, comm.rank, peer);
 }
 
@@ -132,16 +164,18 @@ void recv_message(CommState& comm, void* output, std::size_t count, DType dtype,
   const P2PCall described{comm, false, peer, count * element_size(dtype)};
   BlockingCall blocking(&P2PCall::describe, &described);
   check_job_alive();
-  P2PChannel& ch = channel(comm, peer, comm.rank);
+  const Endpoint e = endpoint(comm, peer, comm.rank);
+  AcrossNodes across(e.bridge);
+  P2PChannel& ch = e.ch;
   check_channel(ch, comm, peer, comm.rank);
   const std::uint64_t message = ++comm.p2p_received[peer];
-  wait_flag(comm, ch.sent, step_flag(message, 0), "recv");
+  wait_for(e, [&] { return ch.offered.load(std::memory_order_acquire) >= message; }, "recv");
   if (ch.count != count || ch.dtype != dtype || ch.tag != tag) {
     std::uint64_t sent = ch.count;
     DType sent_dtype = ch.dtype;
     std::int32_t sent_tag = ch.tag;
     ch.broken.store(1, std::memory_order_release);
-    notify(comm.shared->word);
+    notify(e.word);
     // A tag differing from the next message's is not a wait for a later message, as an MPI
     // recv would: the sender of this one is blocked until it is received (a rendezvous), so a
     // later one could never come.
@@ -151,14 +185,16 @@ void recv_message(CommState& comm, void* output, std::size_t count, DType dtype,
                                  count, dtype_name(dtype), tag, peer, comm.name, sent, dtype_name(sent_dtype),
                                  sent_tag));
   }
+  // Across nodes the agent moves no data before this.
+  ch.accepted.store(message, std::memory_order_release);
   const std::size_t total = count * element_size(dtype);
-  const std::size_t steps = std::max<std::size_t>(1, ceil_div(total, kP2PChunk));
-  for (std::size_t i = 0; i < steps; ++i) {
-    if (i > 0) wait_flag(comm, ch.sent, step_flag(message, i), "recv");
+  const std::uint64_t steps = p2p_chunks(total);
+  for (std::uint64_t i = 0; i < steps; ++i) {
+    wait_for(e, [&] { return ch.sent.load(std::memory_order_acquire) >= step_flag(message, i); }, "recv");
     const std::size_t begin = i * kP2PChunk;
     const std::size_t len = std::min(kP2PChunk, total - std::min(total, begin));
-    if (len != 0) std::memcpy(bytes(output) + begin, channel_entry(ch, i), len);
-    publish(comm, ch.acked, step_flag(message, i));
+    if (len != 0) std::memcpy(bytes(output) + begin, ch.entry(i), len);
+    publish_flag(e, ch.acked, step_flag(message, i));
   }
 }
 

@@ -92,6 +92,23 @@ std::optional<std::pair<int, std::string>> InterNode::poll_notice() {
   if (source < 0) return std::nullopt;
   return std::make_pair(source, std::string(data, bytes));
 }
+int InterNode::p2p_tag_limit() { return ops_->p2p_tag_limit(handle_); }
+void InterNode::p2p_isend(int dest, int tag, const void* data, std::uint64_t bytes, std::uint64_t cookie) {
+  if (ops_->p2p_isend(handle_, dest, tag, data, bytes, cookie, error_, sizeof error_)) fail("a send");
+}
+void InterNode::p2p_irecv(int source, int tag, void* data, std::uint64_t bytes, std::uint64_t cookie) {
+  if (ops_->p2p_irecv(handle_, source, tag, data, bytes, cookie, error_, sizeof error_)) fail("a receive");
+}
+void InterNode::p2p_completed(std::vector<std::uint64_t>& cookies) {
+  std::uint64_t done[64];
+  for (;;) {
+    std::uint32_t count = 0;
+    if (ops_->p2p_completed(handle_, done, 64, &count, error_, sizeof error_)) fail("a send or receive");
+    cookies.insert(cookies.end(), done, done + count);
+    if (count < 64) return;
+  }
+}
+bool InterNode::p2p_cancel_all() { return ops_->p2p_cancel_all(handle_, error_, sizeof error_) == 0; }
 void InterNode::abort(int code) { ops_->abort(handle_, code); }
 void InterNode::finalize() {
   if (ops_->finalize(handle_, error_, sizeof error_)) fail("leaving the job");

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "multinode/internode_plugin.h"
 
@@ -36,6 +37,15 @@ class InterNode {
   void send_notice(int dest, std::string_view data);
   /// A pending notice and its sender, if any.
   std::optional<std::pair<int, std::string>> poll_notice();
+  // Point-to-point between agents (internode_plugin.h); each throws std::runtime_error on an
+  // engine error.
+  int p2p_tag_limit();
+  void p2p_isend(int dest, int tag, const void* data, std::uint64_t bytes, std::uint64_t cookie);
+  void p2p_irecv(int source, int tag, void* data, std::uint64_t bytes, std::uint64_t cookie);
+  /// Appends the cookies of the operations that completed since the last call to `cookies`.
+  void p2p_completed(std::vector<std::uint64_t>& cookies);
+  /// Cancels what is in flight; returns false when the engine still held some after a second.
+  bool p2p_cancel_all();
   /// Ends the job on every node (MPI_Abort). Any thread.
   void abort(int code);
   /// Leaves the job; the object is unusable afterwards.

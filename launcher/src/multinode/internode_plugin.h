@@ -4,8 +4,9 @@
  * (mpi/internode_mpi.cpp, libnodal_internode_mpi.so); Gloo or UCC could provide the same table.
  *
  * Threads: init and every later call come from one thread (the agent's), except abort, which
- * any thread may call. At most one collective is in flight. Functions returning int return 0 on
- * success, else non-zero with a message in `error` (NUL-terminated, at most error_size bytes). */
+ * any thread may call. At most one collective is in flight, and beside it any number of
+ * point-to-point operations. Functions returning int return 0 on success, else non-zero with a
+ * message in `error` (NUL-terminated, at most error_size bytes). */
 #ifndef NODAL_INTERNODE_PLUGIN_H
 #define NODAL_INTERNODE_PLUGIN_H
 
@@ -16,7 +17,7 @@
 extern "C" {
 #endif
 
-#define NODAL_INTERNODE_ABI 1
+#define NODAL_INTERNODE_ABI 2
 
 typedef struct nodal_internode nodal_internode; /* the engine's handle */
 
@@ -49,6 +50,25 @@ typedef struct nodal_internode_ops {
   void (*abort)(nodal_internode*, int code);
   /* Leaves the job (MPI_Finalize) and frees the handle. */
   int (*finalize)(nodal_internode*, char* error, size_t error_size);
+  /* Point-to-point between agents, apart from the collectives and the notices: messages from
+   * one agent to another with one tag match in the order they were started (MPI's rule). */
+  /* The largest tag (at least 32767). */
+  int (*p2p_tag_limit)(nodal_internode*);
+  /* Starts sending `bytes` at `data` to agent `dest`; `data` stays untouched until the operation
+   * is reported by p2p_completed with `cookie`. */
+  int (*p2p_isend)(nodal_internode*, int dest, int tag, const void* data, uint64_t bytes, uint64_t cookie, char* error,
+                   size_t error_size);
+  /* Starts receiving exactly `bytes` from agent `source` into `data` (another size is an error
+   * when it completes). */
+  int (*p2p_irecv)(nodal_internode*, int source, int tag, void* data, uint64_t bytes, uint64_t cookie, char* error,
+                   size_t error_size);
+  /* Progresses the operations started: the cookies of up to `capacity` that have completed since
+   * the last call go to `cookies`, their number to *count. */
+  int (*p2p_completed)(nodal_internode*, uint64_t* cookies, uint32_t capacity, uint32_t* count, char* error,
+                       size_t error_size);
+  /* Cancels every operation not completed (the job is ending), waiting up to a second for the
+   * engine to let go of their memory. */
+  int (*p2p_cancel_all)(nodal_internode*, char* error, size_t error_size);
 } nodal_internode_ops;
 
 /* The symbol the engine exports. */

@@ -132,7 +132,15 @@ void NodeAgent::main(const NodeLaunch& launch, const Options& options) {
   try {
     // Heartbeats go on while this node sets up its ranks (serve) and after they are done (finish).
     wait_polling([&] { return arena_ != nullptr || finishing_; });
-    if (arena_) serve_steps();
+    if (arena_) {
+      try {
+        serve_steps();
+      } catch (...) {
+        end_p2p();
+        throw;
+      }
+      end_p2p();
+    }
     {
       std::lock_guard lock(mutex_);
       serving_ = false;  // the arena may go now
@@ -219,6 +227,11 @@ void NodeAgent::serve(Arena& arena) {
   });
   auto* bridge = static_cast<detail::NodeBridge*>(where);
   for (std::uint64_t& offset : bridge->buffer_offset) offset = arena.offset_of(arena.allocate(capacity, 4096));
+  // The table of channels towards other nodes' ranks (node_bridge.hpp): zero before ranks start.
+  const std::size_t entries = static_cast<std::size_t>(local) * static_cast<std::size_t>(world_size_);
+  void* table = arena.allocate(entries * sizeof(std::uint64_t), 64);
+  for (std::size_t i = 0; i < entries; ++i) new (static_cast<std::atomic<std::uint64_t>*>(table) + i) std::atomic<std::uint64_t>(0);
+  bridge->p2p_table_offset = arena.offset_of(table);
   std::lock_guard lock(mutex_);
   bridge_ = bridge;
   arena_ = &arena;
@@ -253,9 +266,24 @@ void NodeAgent::serve_steps() {
   block_bytes_ = sizeof(detail::BridgeStep) + kSmallNodeBytes;
   block_.assign(block_bytes_, std::byte{0});
   blocks_.assign(block_bytes_ * nodes_.size(), std::byte{0});
+  std::vector<int> bounds;
+  for (const NodeInfo& node : nodes_) bounds.push_back(node.first_rank);
+  bounds.push_back(world_size_);
+  relay_ = std::make_unique<P2PRelay>(*arena_, b, *engine_, std::move(bounds), node_rank_);
+  for (; !early_p2p_.empty(); early_p2p_.pop_front()) relay_->on_notice(early_p2p_.front().first, early_p2p_.front().second);
+  // The agent sleeps on the bridge's word only while no send/recv across nodes needs it; a rank
+  // entering one wakes it (p2p_active).
+  auto rest = [&](const std::function<bool()>& ready) {
+    if (p2p_busy()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      return ready();
+    }
+    return detail::sleep_on(b.word, [&] { return ready() || p2p_busy(); }, std::chrono::milliseconds(20)) && ready();
+  };
   std::uint64_t step = 1;
   while (!stopping()) {
     poll();
+    progress_p2p();
     if (const std::uint64_t failed = b.mismatch.load(std::memory_order_acquire); failed != 0) {
       // Step `failed` did not match: once every rank of this node has seen it (node_bridge.hpp),
       // step failed + 1 is skipped here as on every node, and the ranks go on.
@@ -265,7 +293,7 @@ void NodeAgent::serve_steps() {
         }
         return true;
       };
-      if (detail::sleep_on(b.word, all_resynced, std::chrono::milliseconds(20))) {
+      if (rest(all_resynced)) {
         b.done.store(failed + 1, std::memory_order_release);
         b.mismatch.store(0, std::memory_order_release);
         detail::notify(b.word);
@@ -278,9 +306,12 @@ void NodeAgent::serve_steps() {
     bool posted = false;
     for (const auto hot_until = SteadyClock::now() + kHotWait; !posted && SteadyClock::now() < hot_until;) {
       posted = all_posted(step);
-      if (!posted) std::this_thread::yield();
+      if (!posted) {
+        progress_p2p();
+        std::this_thread::yield();
+      }
     }
-    if (posted || detail::sleep_on(b.word, [&] { return all_posted(step); }, std::chrono::milliseconds(20))) {
+    if (posted || rest([&] { return all_posted(step); })) {
       if (!serve_step(step)) return;
       ++step;
     }
@@ -372,7 +403,8 @@ void NodeAgent::wait_collective(bool serving) {
   const auto spin_until = SteadyClock::now() + kSpin;
   for (int round = 0;; ++round) {
     if (engine_->test()) return;
-    if (round % 64 == 0) {
+    progress_p2p();
+    if (round % 64 == 0 || p2p_busy()) {
       poll();
       std::lock_guard lock(mutex_);
       // The job is over: the collective may never complete. (The end's barrier is not given up
@@ -411,7 +443,13 @@ void NodeAgent::poll() {
   while (std::optional<std::pair<int, std::string>> notice = engine_->poll_notice()) {
     const auto& [from, text] = *notice;
     last_heard_[static_cast<std::size_t>(from)] = now;
-    if (!text.empty() && text[0] == kFailure) {
+    if (!text.empty() && text[0] == P2PRelay::kNotice) {
+      if (relay_) {
+        relay_->on_notice(from, text);
+      } else if (!p2p_ended_) {
+        early_p2p_.emplace_back(from, text);  // this node's ranks have not started yet
+      }
+    } else if (!text.empty() && text[0] == kFailure) {
       int code = 1;
       const char* space = std::strchr(text.c_str(), ' ');
       std::from_chars(text.data() + 1, space ? space : text.data() + text.size(), code);
@@ -432,6 +470,17 @@ void NodeAgent::poll() {
       last_heard_[static_cast<std::size_t>(k)] = now;  // said once
     }
   }
+}
+
+void NodeAgent::progress_p2p() {
+  if (relay_) relay_->progress();
+}
+
+void NodeAgent::end_p2p() {
+  if (!relay_) return;
+  relay_->cancel();
+  relay_.reset();
+  p2p_ended_ = true;
 }
 
 void NodeAgent::set_remote_failure(RemoteFailure failure) {

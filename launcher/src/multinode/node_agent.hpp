@@ -2,7 +2,7 @@
 // coll/han and UCC's cl/hier for the shape). The agents are the job's MPI processes: they join
 // through the engine (internode.hpp) before any rank starts, agree on the global ranks (torchrun's
 // rule: node k's ranks follow node k-1's), move the steps of the ranks' collectives between nodes
-// (nodal/detail/node_bridge.hpp), and carry failures: a rank's failure on one node is announced to
+// (nodal/detail/node_bridge.hpp) and their send/recv with other nodes' ranks (p2p_relay.hpp), and carry failures: a rank's failure on one node is announced to
 // every other (named in their reports), and a node not heard from for NODAL_NODE_TIMEOUT seconds
 // (default 10; heartbeats every quarter of it) fails the job on the others.
 //
@@ -25,6 +25,7 @@
 
 #include "multinode/internode.hpp"
 #include "multinode/node_launch.hpp"
+#include "multinode/p2p_relay.hpp"
 #include "options.hpp"
 
 namespace nodal::detail {
@@ -98,6 +99,12 @@ class NodeAgent {
   /// Until `done` (read under mutex_) holds, polling every 20 ms meanwhile.
   void wait_polling(const std::function<bool()>& done);
   void set_remote_failure(RemoteFailure failure);
+  /// Moves send/recv across nodes along (p2p_relay.hpp), when serving.
+  void progress_p2p();
+  /// Whether send/recv across nodes needs the agent to poll rather than sleep.
+  bool p2p_busy() const { return relay_ && relay_->busy(); }
+  /// Ends the relay (the arena is about to go): cancels what the engine holds.
+  void end_p2p();
   bool stopping() const;
 
   std::unique_ptr<InterNode> engine_;
@@ -135,6 +142,10 @@ class NodeAgent {
   std::vector<std::byte> blocks_;   ///< every node's
   std::vector<std::chrono::steady_clock::time_point> last_heard_;
   std::chrono::steady_clock::time_point last_beat_{};
+  std::unique_ptr<P2PRelay> relay_;  ///< while serving
+  /// Relay notices that came before this node serves (its ranks start later than another node's).
+  std::deque<std::pair<int, std::string>> early_p2p_;
+  bool p2p_ended_ = false;  ///< the relay has ended: its notices are dropped
 };
 
 }  // namespace nodal::launcher

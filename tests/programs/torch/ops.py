@@ -298,11 +298,9 @@ if N >= 2:
         check(torch.equal(got, make(f"p2p-tag/{peer}", peer, [33], torch.float64)), "send/recv with tags")
     # A ring where every rank isends before it receives (batch_isend_irecv, as ring exchanges
     # use it): with a send that waited for its recv on the caller's thread, this would never end.
-    # A large message and a non-contiguous output (staged) among them. Across nodes, send and
-    # recv take ranks of one node (torchrun's numbering: a node's ranks are consecutive), so the
-    # ring is this node's.
-    first = RANK - int(os.environ["LOCAL_RANK"])
-    ring = list(range(first, first + int(os.environ["LOCAL_WORLD_SIZE"])))
+    # A large message and a non-contiguous output (staged) among them; across nodes the ring
+    # crosses them.
+    ring = list(range(N))
     for shape in ([5], [600000]) if len(ring) > 1 else ():
         at = ring.index(RANK)
         nxt, prv = ring[(at + 1) % len(ring)], ring[(at - 1) % len(ring)]

@@ -2,7 +2,8 @@
 // library that nodalrun loads only when an outer launcher started it as one node's agent. The
 // agents are the MPI processes (the ranks are not: only what mpirun or srun started may call
 // MPI_Init); collectives run on a duplicate of MPI_COMM_WORLD, notices (failures, heartbeats) on
-// another, so neither matches the other's messages.
+// another and point-to-point operations (send/recv between ranks of different nodes) on a third,
+// so none matches another's messages.
 #include "multinode/internode_plugin.h"
 
 #include <mpi.h>
@@ -17,11 +18,19 @@
 struct nodal_internode {
   MPI_Comm collectives = MPI_COMM_NULL;
   MPI_Comm notices = MPI_COMM_NULL;
+  MPI_Comm p2p = MPI_COMM_NULL;
   MPI_Request in_flight = MPI_REQUEST_NULL;
   int rank = 0;
   int size = 1;
   std::vector<int> counts, displs;  // the allgatherv in flight
   std::list<std::pair<MPI_Request, std::string>> sends;  // notices on their way
+  // Point-to-point operations in flight: request, cookie, and for a receive the bytes expected.
+  struct Operation {
+    MPI_Request request;
+    uint64_t cookie;
+    int expected;  // -1 for a send
+  };
+  std::vector<Operation> operations;
 };
 
 namespace {
@@ -65,6 +74,7 @@ nodal_internode* init(char* error, size_t error_size) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int status = MPI_Comm_dup(MPI_COMM_WORLD, &self->collectives);
   if (status == MPI_SUCCESS) status = MPI_Comm_dup(MPI_COMM_WORLD, &self->notices);
+  if (status == MPI_SUCCESS) status = MPI_Comm_dup(MPI_COMM_WORLD, &self->p2p);
   if (status != MPI_SUCCESS) {
     mpi_error(error, error_size, "MPI_Comm_dup", status);
     delete self;
@@ -72,6 +82,7 @@ nodal_internode* init(char* error, size_t error_size) {
   }
   MPI_Comm_set_errhandler(self->collectives, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(self->notices, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(self->p2p, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &self->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &self->size);
   return self;
@@ -155,6 +166,83 @@ int poll_notice(nodal_internode* self, int* source, void* data, uint32_t capacit
   return 0;
 }
 
+int p2p_tag_limit(nodal_internode*) {
+  int* limit = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &limit, &found);
+  return found && limit ? *limit : 32767;
+}
+
+int p2p_isend(nodal_internode* self, int dest, int tag, const void* data, uint64_t bytes, uint64_t cookie, char* error,
+              size_t error_size) {
+  int n = 0;
+  if (to_int(bytes, &n, error, error_size)) return 1;
+  MPI_Request request = MPI_REQUEST_NULL;
+  NODAL_MPI(MPI_Isend(data, n, MPI_BYTE, dest, tag, self->p2p, &request));
+  self->operations.push_back({request, cookie, -1});
+  return 0;
+}
+
+int p2p_irecv(nodal_internode* self, int source, int tag, void* data, uint64_t bytes, uint64_t cookie, char* error,
+              size_t error_size) {
+  int n = 0;
+  if (to_int(bytes, &n, error, error_size)) return 1;
+  MPI_Request request = MPI_REQUEST_NULL;
+  NODAL_MPI(MPI_Irecv(data, n, MPI_BYTE, source, tag, self->p2p, &request));
+  self->operations.push_back({request, cookie, n});
+  return 0;
+}
+
+int p2p_completed(nodal_internode* self, uint64_t* cookies, uint32_t capacity, uint32_t* count, char* error,
+                  size_t error_size) {
+  *count = 0;
+  auto& ops = self->operations;
+  for (size_t i = 0; i < ops.size() && *count < capacity;) {
+    int done = 0;
+    MPI_Status status;
+    NODAL_MPI(MPI_Test(&ops[i].request, &done, &status));
+    if (!done) {
+      ++i;
+      continue;
+    }
+    if (ops[i].expected >= 0) {
+      int received = 0;
+      MPI_Get_count(&status, MPI_BYTE, &received);
+      if (received != ops[i].expected) {
+        return say(error, error_size, "a point-to-point message of " + std::to_string(received) + " bytes where " +
+                                          std::to_string(ops[i].expected) + " were expected");
+      }
+    }
+    cookies[(*count)++] = ops[i].cookie;
+    ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return 0;
+}
+
+int p2p_cancel_all(nodal_internode* self, char* error, size_t error_size) {
+  auto& ops = self->operations;
+  for (auto& op : ops) MPI_Cancel(&op.request);
+  const double until = MPI_Wtime() + 1.0;
+  while (!ops.empty() && MPI_Wtime() < until) {
+    for (size_t i = 0; i < ops.size();) {
+      int done = 0;
+      MPI_Test(&ops[i].request, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  if (!ops.empty()) {
+    const size_t left = ops.size();
+    for (auto& op : ops) MPI_Request_free(&op.request);
+    ops.clear();
+    return say(error, error_size, std::to_string(left) + " point-to-point operations did not end when cancelled");
+  }
+  return 0;
+}
+
 void abort_job(nodal_internode*, int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 int finalize(nodal_internode* self, char* error, size_t error_size) {
@@ -162,6 +250,7 @@ int finalize(nodal_internode* self, char* error, size_t error_size) {
   for (auto& [request, copy] : self->sends) MPI_Request_free(&request);
   MPI_Comm_free(&self->collectives);
   MPI_Comm_free(&self->notices);
+  MPI_Comm_free(&self->p2p);
   delete self;
   NODAL_MPI(MPI_Finalize());
   return 0;
@@ -169,7 +258,7 @@ int finalize(nodal_internode* self, char* error, size_t error_size) {
 
 constexpr nodal_internode_ops kOps = {
     NODAL_INTERNODE_ABI, "MPI", init, rank, size, allgather_start, allgatherv_start, broadcast_start, barrier_start, test,
-    send_notice, poll_notice, abort_job, finalize,
+    send_notice, poll_notice, abort_job, finalize, p2p_tag_limit, p2p_isend, p2p_irecv, p2p_completed, p2p_cancel_all,
 };
 
 }  // namespace

@@ -81,8 +81,20 @@ struct NodeBridge {
   /// of the node has seen it; 0 when none.
   std::atomic<std::uint64_t> mismatch{0};
   char message[480] = {};
-  /// Ranks notify it after a post, the agent after a step.
+  /// Ranks notify it after a post, the agent after a step; and the flags of send/recv with
+  /// another node's ranks (nodal/detail/p2p_channel.hpp) notify it too.
   alignas(64) WaitWord word;
+
+  // send/recv with ranks of other nodes (the agent moves them: launcher/src/multinode/p2p_relay.hpp).
+  /// Arena offset of local_size x world_size std::atomic<std::uint64_t>: at [local sender][global
+  /// receiver] the arena offset + 1 of the channel the sender uses towards a rank of another
+  /// node, written by the sender's first send to it (0 until then).
+  std::uint64_t p2p_table_offset = 0;
+  /// Bumped after each entry written to that table (the agent rescans it when it changes).
+  alignas(64) std::atomic<std::uint64_t> p2p_registered{0};
+  /// Ranks of this node now inside a send or recv with another node's rank: the agent does not
+  /// sleep while there are any.
+  std::atomic<std::int32_t> p2p_active{0};
 
   BridgeRank* ranks() { return reinterpret_cast<BridgeRank*>(this + 1); }
   static std::size_t bytes_for(int local_size) {
