@@ -26,8 +26,8 @@ struct BridgeClient {
 /// started without nodalrun's multi-node mode but with NODAL_NNODES set).
 std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int world_size);
 
-/// Whether every rank of `ranks` (ranks of `comm`, a communicator made by open_world_across_nodes)
-/// runs on this node.
+/// Whether every rank of `ranks` (global ranks of a job across nodes; `comm` is any of its
+/// communicators that spans nodes) runs on this node.
 bool on_this_node(const CommState& comm, const std::vector<int>& ranks);
 
 /// Runs `call` on a communicator made by open_world_across_nodes. Every collective, the v-variants

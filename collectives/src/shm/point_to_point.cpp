@@ -32,10 +32,13 @@ struct Endpoint {
 };
 
 /// The channel from -> to, made by the first call that needs it (with the per-peer counters).
-/// A channel towards another node's rank is registered in the bridge's table for the agent.
+/// A channel towards another node's rank is listed in the bridge's table for the agent.
 Endpoint endpoint(CommState& comm, int from, int to) {
   const std::size_t index = static_cast<std::size_t>(from) * comm.size + to;
-  NodeBridge* bridge = comm.across_nodes && !on_this_node(comm, {from, to}) ? comm.across_nodes->bridge : nullptr;
+  const int from_global = comm.global_ranks[static_cast<std::size_t>(from)];
+  const int to_global = comm.global_ranks[static_cast<std::size_t>(to)];
+  NodeBridge* bridge =
+      comm.across_nodes && !on_this_node(comm, {from_global, to_global}) ? comm.across_nodes->bridge : nullptr;
   std::lock_guard lock(comm.p2p_mutex);
   if (comm.p2p_channels.empty()) {
     comm.p2p_channels.assign(static_cast<std::size_t>(comm.size) * comm.size, nullptr);
@@ -44,16 +47,21 @@ Endpoint endpoint(CommState& comm, int from, int to) {
   }
   void*& slot = comm.p2p_channels[index];
   if (slot == nullptr) {
-    const std::string name = p2p_channel_name(comm.name, from, to);
-    slot = comm.arena->find_or_create(name.c_str(), kP2PChannelBytes, 4096, [](void* where) { new (where) P2PChannel(); });
+    P2PChannel& ch = open_p2p_channel(*comm.arena, p2p_channel_name(comm.name, from, to), from_global, to_global);
     if (bridge && from == comm.rank) {
+      std::uint64_t entry = bridge->p2p_registered.load(std::memory_order_acquire);
+      do {
+        if (entry >= bridge->p2p_capacity) {
+          throw UsageError(fmt::format("send to rank {} on communicator '{}': this node's ranks already send to {} ranks "
+                                       "of other nodes (pairs and communicators), the most nodalrun provides for",
+                                       to, comm.name, bridge->p2p_capacity));
+        }
+      } while (!bridge->p2p_registered.compare_exchange_weak(entry, entry + 1, std::memory_order_acq_rel));
       auto* table = static_cast<std::atomic<std::uint64_t>*>(comm.arena->at(bridge->p2p_table_offset));
-      const auto entry = static_cast<std::size_t>(from - bridge->first_rank) * static_cast<std::size_t>(bridge->world_size) +
-                         static_cast<std::size_t>(to);
-      table[entry].store(comm.arena->offset_of(slot) + 1, std::memory_order_release);
-      bridge->p2p_registered.fetch_add(1, std::memory_order_acq_rel);
+      table[entry].store(comm.arena->offset_of(&ch) + 1, std::memory_order_release);
       notify(bridge->word);
     }
+    slot = &ch;
   }
   auto& ch = *static_cast<P2PChannel*>(slot);
   return bridge ? Endpoint{ch, bridge->word, bridge} : Endpoint{ch, comm.shared->word, nullptr};

@@ -136,10 +136,10 @@ void NodeAgent::main(const NodeLaunch& launch, const Options& options) {
       try {
         serve_steps();
       } catch (...) {
-        end_p2p();
+        end_p2p(false);
         throw;
       }
-      end_p2p();
+      end_p2p(true);
     }
     {
       std::lock_guard lock(mutex_);
@@ -227,11 +227,13 @@ void NodeAgent::serve(Arena& arena) {
   });
   auto* bridge = static_cast<detail::NodeBridge*>(where);
   for (std::uint64_t& offset : bridge->buffer_offset) offset = arena.offset_of(arena.allocate(capacity, 4096));
-  // The table of channels towards other nodes' ranks (node_bridge.hpp): zero before ranks start.
-  const std::size_t entries = static_cast<std::size_t>(local) * static_cast<std::size_t>(world_size_);
+  // The table of channels towards other nodes' ranks (node_bridge.hpp), zero before ranks start:
+  // room for every pair of the world and of three more communicators as large.
+  const std::size_t entries = std::max<std::size_t>(4096, 4 * static_cast<std::size_t>(local) * world_size_);
   void* table = arena.allocate(entries * sizeof(std::uint64_t), 64);
   for (std::size_t i = 0; i < entries; ++i) new (static_cast<std::atomic<std::uint64_t>*>(table) + i) std::atomic<std::uint64_t>(0);
   bridge->p2p_table_offset = arena.offset_of(table);
+  bridge->p2p_capacity = entries;
   std::lock_guard lock(mutex_);
   bridge_ = bridge;
   arena_ = &arena;
@@ -307,7 +309,10 @@ void NodeAgent::serve_steps() {
     for (const auto hot_until = SteadyClock::now() + kHotWait; !posted && SteadyClock::now() < hot_until;) {
       posted = all_posted(step);
       if (!posted) {
-        progress_p2p();
+        if (p2p_busy()) {
+          poll();  // the other agents' answers come as notices
+          progress_p2p();
+        }
         std::this_thread::yield();
       }
     }
@@ -476,9 +481,17 @@ void NodeAgent::progress_p2p() {
   if (relay_) relay_->progress();
 }
 
-void NodeAgent::end_p2p() {
+void NodeAgent::end_p2p(bool ranks_done) {
   if (!relay_) return;
-  relay_->cancel();
+  // A rank that received a message's last chunk may have exited before the agent told the
+  // sender's node: its acks are final now, and the answer still goes.
+  if (ranks_done) relay_->progress();
+  if (!relay_->cancel()) {
+    // Only when the job failed mid-message (after a clean run nothing is in flight: every send
+    // is a rendezvous); the launcher's abort follows.
+    detail::write_all(STDERR_FILENO, "nodalrun: the MPI engine did not release send/recv buffers in the arena when "
+                                     "cancelled\n");
+  }
   relay_.reset();
   p2p_ended_ = true;
 }

@@ -103,8 +103,9 @@ class NodeAgent {
   void progress_p2p();
   /// Whether send/recv across nodes needs the agent to poll rather than sleep.
   bool p2p_busy() const { return relay_ && relay_->busy(); }
-  /// Ends the relay (the arena is about to go): cancels what the engine holds.
-  void end_p2p();
+  /// Ends the relay (the arena is about to go): moves the last answers when the ranks are done
+  /// (`ranks_done`), then cancels what the engine holds.
+  void end_p2p(bool ranks_done);
   bool stopping() const;
 
   std::unique_ptr<InterNode> engine_;

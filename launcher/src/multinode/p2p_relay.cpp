@@ -23,18 +23,30 @@ enum Kind : std::uint8_t { kHeader = 1, kClear = 2, kNack = 3, kFin = 4 };
 
 }  // namespace
 
-/// A notice between the agents; a header's inline data follows it.
+/// A notice between the agents. A header is followed by the channel's name (name_bytes) and,
+/// inline, by the message's bytes.
 struct P2PRelay::Control {
   char letter = kNotice;
   std::uint8_t kind = 0;
   std::uint8_t dtype = 0;
-  std::uint8_t inlined = 0;  ///< 1: the message's bytes follow
-  std::int32_t from = 0;     ///< global ranks
+  std::uint8_t inlined = 0;    ///< 1: the message's bytes follow
+  std::int32_t wire = 0;       ///< the channel's number from the sender's node to the receiver's: its chunks' tag
+  std::int32_t tag = 0;        ///< the user's tag
+  std::int32_t from = 0;       ///< global ranks
   std::int32_t to = 0;
-  std::int32_t tag = 0;      ///< the user's tag
+  std::uint32_t name_bytes = 0;
   std::uint64_t message = 0;
   std::uint64_t count = 0;
   std::uint64_t bytes = 0;
+
+  /// With every byte set, padding included (it goes over the wire).
+  static Control make(std::uint8_t kind) {
+    Control c;
+    std::memset(static_cast<void*>(&c), 0, sizeof c);
+    c.letter = kNotice;
+    c.kind = kind;
+    return c;
+  }
 };
 
 /// One direction between a rank of this node and one of another node.
@@ -47,8 +59,10 @@ struct P2PRelay::Pair {
     broken,     ///< a mismatch: the direction is unusable
   };
   bool outbound = false;  ///< the sender is on this node
-  int from = 0;
+  int from = 0;           ///< global ranks
   int to = 0;
+  int peer_node = 0;      ///< the other end's node
+  int wire = 0;           ///< Control::wire
   P2PChannel* ch = nullptr;
   State state = State::idle;
   std::uint64_t message = 0;  ///< the message under way, or the last one
@@ -67,27 +81,19 @@ struct P2PRelay::Pair {
 };
 
 P2PRelay::P2PRelay(Arena& arena, detail::NodeBridge& bridge, InterNode& engine, std::vector<int> bounds, int node_rank)
-    : arena_(arena), bridge_(bridge), engine_(engine), bounds_(std::move(bounds)), node_rank_(node_rank) {
-  for (std::size_t k = 0; k + 1 < bounds_.size(); ++k) largest_node_ = std::max(largest_node_, bounds_[k + 1] - bounds_[k]);
-  // A pair's data tag is sender_local * largest + receiver_local; the nodes tell the rest apart.
-  const long long tags = static_cast<long long>(largest_node_) * largest_node_;
-  if (tags - 1 > engine_.p2p_tag_limit()) {
-    throw std::runtime_error(fmt::format("send/recv across nodes: {} ranks on a node need {} tags, and {} gives {}",
-                                         largest_node_, tags, engine_.engine(), engine_.p2p_tag_limit() + 1));
-  }
-  known_.assign(static_cast<std::size_t>(bridge_.local_size) * static_cast<std::size_t>(bridge_.world_size), false);
-}
+    : arena_(arena),
+      bridge_(bridge),
+      engine_(engine),
+      bounds_(std::move(bounds)),
+      node_rank_(node_rank),
+      tag_limit_(engine.p2p_tag_limit()),
+      next_wire_(bounds_.size(), 0) {}
 
 P2PRelay::~P2PRelay() = default;
 
 int P2PRelay::node_of(int rank) const {
   const auto it = std::upper_bound(bounds_.begin(), bounds_.end(), rank);
   return static_cast<int>(it - bounds_.begin()) - 1;
-}
-
-int P2PRelay::tag_of(int from, int to) const {
-  return (from - bounds_[static_cast<std::size_t>(node_of(from))]) * largest_node_ +
-         (to - bounds_[static_cast<std::size_t>(node_of(to))]);
 }
 
 bool P2PRelay::busy() const {
@@ -100,59 +106,62 @@ bool P2PRelay::busy() const {
 
 void P2PRelay::discover() {
   const std::uint64_t registered = bridge_.p2p_registered.load(std::memory_order_acquire);
-  if (registered == registered_) return;
-  registered_ = registered;
   const auto* table = static_cast<const std::atomic<std::uint64_t>*>(arena_.at(bridge_.p2p_table_offset));
-  for (std::size_t i = 0; i < known_.size(); ++i) {
-    if (known_[i]) continue;
-    const std::uint64_t offset = table[i].load(std::memory_order_acquire);
-    if (offset == 0) continue;
-    known_[i] = true;
+  for (; registered_ < registered; ++registered_) {
+    const std::uint64_t offset = table[registered_].load(std::memory_order_acquire);
+    if (offset == 0) return;  // claimed by a rank that has not written it yet: next time
     auto pair = std::make_unique<Pair>();
     pair->outbound = true;
-    pair->from = bridge_.first_rank + static_cast<int>(i / static_cast<std::size_t>(bridge_.world_size));
-    pair->to = static_cast<int>(i % static_cast<std::size_t>(bridge_.world_size));
     pair->ch = static_cast<P2PChannel*>(arena_.at(offset - 1));
-    outbound_[{pair->from, pair->to}] = pair.get();
+    pair->from = pair->ch->from_global;
+    pair->to = pair->ch->to_global;
+    pair->peer_node = node_of(pair->to);
+    pair->wire = next_wire_[static_cast<std::size_t>(pair->peer_node)]++;
+    if (pair->wire > tag_limit_) {
+      throw std::runtime_error(fmt::format("send/recv across nodes: more than {} channels from node {} to node {} ({}'s "
+                                           "largest tag)",
+                                           tag_limit_, node_rank_, pair->peer_node, engine_.engine()));
+    }
+    outbound_[{pair->peer_node, pair->wire}] = pair.get();
     pairs_.push_back(std::move(pair));
   }
-}
-
-P2PRelay::Pair& P2PRelay::inbound(int from, int to) {
-  Pair*& found = inbound_[{from, to}];
-  if (!found) {
-    auto pair = std::make_unique<Pair>();
-    pair->from = from;
-    pair->to = to;
-    // The receiving rank may not have called recv yet: the agent makes the channel (one
-    // allocation per pair in the job's life; the rank finds it by name).
-    const std::string name = detail::p2p_channel_name("world", from, to);
-    pair->ch = static_cast<P2PChannel*>(arena_.find_or_create(name.c_str(), detail::kP2PChannelBytes, 4096,
-                                                              [](void* where) { new (where) P2PChannel(); }));
-    found = pair.get();
-    pairs_.push_back(std::move(pair));
-  }
-  return *found;
 }
 
 void P2PRelay::reply(const Pair& p, std::uint8_t kind) {
-  Control c;
-  c.kind = kind;
+  Control c = Control::make(kind);
+  c.wire = p.wire;
   c.from = p.from;
   c.to = p.to;
   c.message = p.message;
-  engine_.send_notice(node_of(p.from), std::string_view(reinterpret_cast<const char*>(&c), sizeof c));
+  engine_.send_notice(p.peer_node, std::string_view(reinterpret_cast<const char*>(&c), sizeof c));
 }
 
 void P2PRelay::on_notice(int from_node, std::string_view notice) {
+  static_assert(sizeof(Control) + detail::kP2PNameBytes + kInlineBytes <= 1024,
+                "a notice holds at most 1 KiB (InterNode::poll_notice)");
   Control c;
-  static_assert(sizeof(Control) + kInlineBytes <= 1024, "a notice holds at most 1 KiB (InterNode::poll_notice)");
   if (notice.size() < sizeof c) throw std::runtime_error("a truncated send/recv notice between nodes");
   std::memcpy(&c, notice.data(), sizeof c);
   if (c.kind == kHeader) {
-    Pair& p = inbound(c.from, c.to);
+    if (c.name_bytes >= detail::kP2PNameBytes || notice.size() != sizeof c + c.name_bytes + (c.inlined ? c.bytes : 0)) {
+      throw std::runtime_error("a send/recv notice of the wrong size");
+    }
+    Pair*& found = inbound_[{from_node, c.wire}];
+    if (!found) {
+      // The receiving rank may not have called recv yet: the agent makes the channel (once per
+      // channel in the job's life; the rank finds it by name).
+      auto pair = std::make_unique<Pair>();
+      pair->from = c.from;
+      pair->to = c.to;
+      pair->peer_node = from_node;
+      pair->wire = c.wire;
+      pair->ch = &detail::open_p2p_channel(arena_, std::string(notice.substr(sizeof c, c.name_bytes)), c.from, c.to);
+      found = pair.get();
+      pairs_.push_back(std::move(pair));
+    }
+    Pair& p = *found;
     if (p.state != Pair::State::idle || c.message != p.message + 1) {
-      throw std::runtime_error(fmt::format("send/recv {} -> {}: message {} came from {} while message {} was under way",
+      throw std::runtime_error(fmt::format("send/recv {} -> {}: message {} came from node {} while message {} was under way",
                                            c.from, c.to, c.message, from_node, p.message));
     }
     p.message = c.message;
@@ -167,8 +176,7 @@ void P2PRelay::on_notice(int from_node, std::string_view notice) {
     ch.dtype = static_cast<DType>(c.dtype);
     ch.tag = c.tag;
     if (p.inlined) {
-      if (notice.size() != sizeof c + c.bytes) throw std::runtime_error("a send/recv notice of the wrong size");
-      std::memcpy(ch.entry(0), notice.data() + sizeof c, c.bytes);
+      std::memcpy(ch.entry(0), notice.data() + sizeof c + c.name_bytes, c.bytes);
       ch.offered.store(p.message, std::memory_order_release);
       ch.sent.store(step_flag(p.message, 0), std::memory_order_release);
       p.state = Pair::State::finishing;
@@ -179,7 +187,7 @@ void P2PRelay::on_notice(int from_node, std::string_view notice) {
     detail::notify(bridge_.word);
     return;
   }
-  const auto it = outbound_.find({c.from, c.to});
+  const auto it = outbound_.find({from_node, c.wire});
   if (it == outbound_.end() || it->second->message != c.message) {
     throw std::runtime_error(fmt::format("send/recv {} -> {}: an answer for message {} that this node did not send",
                                          c.from, c.to, c.message));
@@ -220,29 +228,31 @@ void P2PRelay::progress_outbound(Pair& p) {
     p.chunks = detail::p2p_chunks(bytes);
     p.inlined = inlined;
     p.fin = false;
-    Control c;
-    c.kind = kHeader;
+    Control c = Control::make(kHeader);
     c.dtype = static_cast<std::uint8_t>(ch.dtype);
     c.inlined = inlined ? 1 : 0;
+    c.wire = p.wire;
     c.from = p.from;
     c.to = p.to;
     c.tag = ch.tag;
     c.message = m;
     c.count = ch.count;
     c.bytes = bytes;
+    const std::string_view name(ch.name, strnlen(ch.name, sizeof ch.name));
+    c.name_bytes = static_cast<std::uint32_t>(name.size());
     std::string notice(reinterpret_cast<const char*>(&c), sizeof c);
+    notice.append(name);
     if (inlined) notice.append(reinterpret_cast<const char*>(ch.entry(0)), bytes);
-    engine_.send_notice(node_of(p.to), notice);
+    engine_.send_notice(p.peer_node, notice);
     p.state = Pair::State::offered;
     return;
   }
   if (p.state != Pair::State::streaming) return;
-  const int dest = node_of(p.to);
   while (!p.inlined && p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
          ch.sent.load(std::memory_order_acquire) >= step_flag(p.message, p.posted)) {
     const std::uint64_t cookie = next_cookie_++;
     operations_[cookie] = {&p, p.posted};
-    engine_.p2p_isend(dest, tag_of(p.from, p.to), ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
+    engine_.p2p_isend(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
     ++p.posted;
   }
   // Done once every chunk has left and the receiver's agent says the rank has it all.
@@ -266,13 +276,12 @@ void P2PRelay::progress_inbound(Pair& p) {
       }
       return;
     case Pair::State::streaming: {
-      const int source = node_of(p.from);
       while (p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
              (p.posted < detail::kP2PDepth ||
               ch.acked.load(std::memory_order_acquire) >= step_flag(p.message, p.posted - detail::kP2PDepth))) {
         const std::uint64_t cookie = next_cookie_++;
         operations_[cookie] = {&p, p.posted};
-        engine_.p2p_irecv(source, tag_of(p.from, p.to), ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
+        engine_.p2p_irecv(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
         ++p.posted;
       }
       if (p.completed == p.chunks) p.state = Pair::State::finishing;
@@ -328,9 +337,10 @@ void P2PRelay::progress() {
   }
 }
 
-void P2PRelay::cancel() {
-  if (!operations_.empty()) engine_.p2p_cancel_all();
+bool P2PRelay::cancel() {
+  const bool released = operations_.empty() || engine_.p2p_cancel_all();
   operations_.clear();
+  return released;
 }
 
 }  // namespace nodal::launcher

@@ -3,8 +3,10 @@
 // S -> D exists in both nodes' arenas under one name, and each node's agent plays the end that
 // is not on its node: on S's node the receiver, on D's node the sender. Per message m:
 //
-//  1. S's agent sees `offered` = m and sends the header to D's agent (a notice, 'P'), with the
-//     data when it is at most kInlineBytes (then after S has staged it).
+//  0. S's first send on the channel lists it in the node bridge's table, where S's agent finds it.
+//     Channels are per communicator: any communicator's send/recv crosses nodes this way.
+//  1. S's agent sees `offered` = m and sends the header to D's agent (a notice, 'P', naming the
+//     channel), with the data when it is at most kInlineBytes (then after S has staged it).
 //  2. D's agent writes the header into D's channel (making the channel if D has not yet) and
 //     publishes `offered` (and chunk 0, inline). D checks it as on one node: `accepted`, or
 //     `broken` (a mismatch).
@@ -12,14 +14,14 @@
 //     "fin" once D has acked the last chunk. On "nack" S's agent sets S's `broken`: both ranks
 //     throw the one-node UsageError and the direction stays unusable.
 //  4. Chunks go straight from S's ring to D's ring through the engine (MPI_Isend / MPI_Irecv on
-//     a tag of its own per pair of local ranks), kP2PDepth in flight: S's agent acks chunk i
+//     the channel's own tag, numbered by S's agent), kP2PDepth in flight: S's agent acks chunk i
 //     (freeing S's entry) when its send has completed, D's agent posts the receive of chunk i
 //     once D has acked chunk i - kP2PDepth, and publishes `sent` when it arrives.
 //  5. On "fin" S's agent acks the last chunk: S's send returns after D has the whole message,
 //     the rendezvous of one node.
 //
-// Nothing is copied in the agent but inline data; nothing moves before the receiver accepted the
-// header. Every call is non-blocking and runs on the agent's thread, between its collective steps
+// Nothing is copied in the agent but inline data; no data moves before the receiver accepted the
+// header, except an inline message's bytes (into the receiver's ring, not its buffer). Every call is non-blocking and runs on the agent's thread, between its collective steps
 // and while one is in flight (node_agent.cpp). When the job fails the ranks' waits end in
 // PeerFailure as for any call; cancel() lets go of the arena memory the engine holds.
 #pragma once
@@ -47,10 +49,9 @@ class P2PRelay {
   /// Notices for the relay start with this letter.
   static constexpr char kNotice = 'P';
   /// A message of at most this many bytes rides with its header.
-  static constexpr std::size_t kInlineBytes = 896;
+  static constexpr std::size_t kInlineBytes = 768;
 
-  /// `bounds`: node k's global ranks are [bounds[k], bounds[k + 1]). Throws std::runtime_error
-  /// when the engine's tags cannot name every pair of two nodes' local ranks.
+  /// `bounds`: node k's global ranks are [bounds[k], bounds[k + 1]).
   P2PRelay(Arena& arena, detail::NodeBridge& bridge, InterNode& engine, std::vector<int> bounds, int node_rank);
   ~P2PRelay();
   P2PRelay(const P2PRelay&) = delete;
@@ -63,8 +64,9 @@ class P2PRelay {
   /// Whether progress() should be called again soon rather than after a sleep: a rank is in a
   /// send/recv with another node, or a message is under way.
   bool busy() const;
-  /// The job is ending: cancels the engine's operations so it holds no arena memory.
-  void cancel();
+  /// The job is ending: cancels the engine's operations so it holds no arena memory. False when
+  /// the engine may still hold some.
+  bool cancel();
 
  private:
   struct Pair;
@@ -74,21 +76,19 @@ class P2PRelay {
   void progress_inbound(Pair& p);
   void reply(const Pair& p, std::uint8_t kind);
   void complete(std::uint64_t cookie);
-  Pair& inbound(int from, int to);
   int node_of(int rank) const;
-  int tag_of(int from, int to) const;
 
   Arena& arena_;
   detail::NodeBridge& bridge_;
   InterNode& engine_;
   std::vector<int> bounds_;
   int node_rank_;
-  int largest_node_ = 1;
-  std::uint64_t registered_ = 0;  ///< bridge_.p2p_registered when the table was last scanned
+  int tag_limit_;
+  std::vector<int> next_wire_;     ///< per node: the number of the next channel towards it
+  std::uint64_t registered_ = 0;   ///< the bridge's table entries read so far
   std::vector<std::unique_ptr<Pair>> pairs_;
-  std::vector<bool> known_;                    ///< table entries with a Pair
-  std::map<std::pair<int, int>, Pair*> inbound_;  ///< by (from, to)
-  std::map<std::pair<int, int>, Pair*> outbound_;
+  std::map<std::pair<int, int>, Pair*> inbound_;   ///< by (sender's node, wire)
+  std::map<std::pair<int, int>, Pair*> outbound_;  ///< by (receiver's node, wire)
   std::unordered_map<std::uint64_t, std::pair<Pair*, std::uint64_t>> operations_;  ///< cookie -> pair, chunk
   std::uint64_t next_cookie_ = 1;
   std::vector<std::uint64_t> completed_;

@@ -130,19 +130,24 @@ int barrier_start(nodal_internode* self, char* error, size_t error_size) {
   return 0;
 }
 
-int test(nodal_internode* self, int* done, char* error, size_t error_size) {
-  *done = 0;
-  NODAL_MPI(MPI_Test(&self->in_flight, done, MPI_STATUS_IGNORE));
-  // Notices sent earlier that have gone can be forgotten.
+/// Forgets the notices sent earlier that have gone.
+void forget_sent_notices(nodal_internode* self) {
   for (auto it = self->sends.begin(); it != self->sends.end();) {
     int sent = 0;
     MPI_Test(&it->first, &sent, MPI_STATUS_IGNORE);
     it = sent ? self->sends.erase(it) : std::next(it);
   }
+}
+
+int test(nodal_internode* self, int* done, char* error, size_t error_size) {
+  *done = 0;
+  NODAL_MPI(MPI_Test(&self->in_flight, done, MPI_STATUS_IGNORE));
+  forget_sent_notices(self);
   return 0;
 }
 
 int send_notice(nodal_internode* self, int dest, const void* data, uint32_t bytes, char* error, size_t error_size) {
+  forget_sent_notices(self);  // send/recv between nodes sends notices without collectives between them
   self->sends.emplace_back(MPI_REQUEST_NULL, std::string(static_cast<const char*>(data), bytes));
   auto& [request, copy] = self->sends.back();
   NODAL_MPI(MPI_Isend(copy.data(), static_cast<int>(bytes), MPI_BYTE, dest, kNoticeTag, self->notices, &request));

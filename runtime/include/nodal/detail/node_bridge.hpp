@@ -66,7 +66,7 @@ struct alignas(64) BridgeRank {
 };
 
 struct NodeBridge {
-  static constexpr std::uint64_t kMagic = 0x6567646972622d6eULL;
+  static constexpr std::uint64_t kMagic = 0x6567646972622d6fULL;  // changed with the layout
   std::uint64_t magic = kMagic;
   std::int32_t node_rank = 0;
   std::int32_t nnodes = 1;
@@ -86,11 +86,12 @@ struct NodeBridge {
   alignas(64) WaitWord word;
 
   // send/recv with ranks of other nodes (the agent moves them: launcher/src/multinode/p2p_relay.hpp).
-  /// Arena offset of local_size x world_size std::atomic<std::uint64_t>: at [local sender][global
-  /// receiver] the arena offset + 1 of the channel the sender uses towards a rank of another
-  /// node, written by the sender's first send to it (0 until then).
+  /// Arena offset of p2p_capacity std::atomic<std::uint64_t>: the arena offsets + 1 of the
+  /// channels (nodal/detail/p2p_channel.hpp) this node's ranks send on to ranks of other nodes,
+  /// in the order they were first used (0: claimed, not written yet).
   std::uint64_t p2p_table_offset = 0;
-  /// Bumped after each entry written to that table (the agent rescans it when it changes).
+  std::uint64_t p2p_capacity = 0;
+  /// Entries claimed so far (a rank claims one with fetch_add, then writes it).
   alignas(64) std::atomic<std::uint64_t> p2p_registered{0};
   /// Ranks of this node now inside a send or recv with another node's rank: the agent does not
   /// sleep while there are any.

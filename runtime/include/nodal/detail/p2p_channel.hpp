@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -36,6 +37,8 @@ inline constexpr std::size_t kP2PDepth = 2;           ///< ring entries
 inline constexpr std::size_t kP2PHeader = 4096;       ///< the channel's own bytes before its ring
 inline constexpr std::size_t kP2PChannelBytes = kP2PHeader + kP2PDepth * kP2PChunk;
 
+inline constexpr std::size_t kP2PNameBytes = 160;  ///< room for a channel's name, its NUL included
+
 struct P2PChannel {
   alignas(64) std::atomic<std::uint64_t> offered{0};   ///< the message whose header is written
   alignas(64) std::atomic<std::uint64_t> accepted{0};  ///< the message whose header the receiver accepted
@@ -46,6 +49,10 @@ struct P2PChannel {
   DType dtype = DType::u8;
   std::int32_t tag = 0;
   std::atomic<std::uint32_t> broken{0};  ///< a mismatch was seen: the channel is unusable
+  // Written by whoever makes the channel (a rank or, across nodes, the receiver's agent).
+  std::int32_t from_global = -1;  ///< the sender's global rank
+  std::int32_t to_global = -1;    ///< the receiver's
+  char name[kP2PNameBytes] = {};  ///< p2p_channel_name()
 
   /// Ring entry of chunk `chunk`.
   std::byte* entry(std::uint64_t chunk) {
@@ -59,9 +66,24 @@ inline std::uint64_t p2p_chunks(std::uint64_t bytes) {
   return bytes == 0 ? 1 : (bytes + kP2PChunk - 1) / kP2PChunk;
 }
 
-/// The channel's name in the arena: direction from -> to of communicator `comm`.
+/// The channel's name in the arena: direction from -> to (ranks of the communicator) of
+/// communicator `comm`. Throws std::length_error beyond kP2PNameBytes - 1 characters.
 inline std::string p2p_channel_name(const std::string& comm, int from, int to) {
-  return fmt::format("nodal.p2p:{}:{}-{}", comm, from, to);
+  std::string name = fmt::format("nodal.p2p:{}:{}-{}", comm, from, to);
+  if (name.size() >= kP2PNameBytes) throw std::length_error("send/recv channel name too long: " + name);
+  return name;
+}
+
+/// Finds or makes the channel `name` in `arena` (any process of the node, at any time).
+template <class ArenaT>
+P2PChannel& open_p2p_channel(ArenaT& arena, const std::string& name, int from_global, int to_global) {
+  void* where = arena.find_or_create(name.c_str(), kP2PChannelBytes, 4096, [&](void* p) {
+    auto* ch = new (p) P2PChannel();
+    ch->from_global = from_global;
+    ch->to_global = to_global;
+    name.copy(ch->name, sizeof ch->name - 1);
+  });
+  return *static_cast<P2PChannel*>(where);
 }
 
 }  // namespace nodal::detail
