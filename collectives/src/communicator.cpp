@@ -151,14 +151,15 @@ int Communicator::global_rank(int rank) const {
 std::string Communicator::last_algorithm() const { return state().last_algorithm.load(std::memory_order_relaxed); }
 
 namespace {
-/// A communicator of part of a job that spans nodes: built when its members (global ranks) are on
-/// this node (the shared-memory path among them), refused otherwise.
-void refuse_across_nodes(const detail::CommState& c, const char* what, const std::vector<int>& members) {
-  if (c.across_nodes && !detail::on_this_node(c, members)) {
-    throw UsageError(fmt::format("{} on communicator '{}': the group of ranks {} spans nodes, and communicators of part "
-                                 "of a job across nodes are not built yet (groups within one node are)",
-                                 what, c.name, fmt::join(members, ",")));
+/// The communicator `name` of `global` (its members' global ranks in rank order) made from `c`:
+/// on the shared-memory path when its members share a node, else over send/recv between them
+/// (internode/across_nodes.hpp; `made_by_members`: create_group).
+std::shared_ptr<detail::CommState> open_child(const detail::CommState& c, std::string name, int rank,
+                                              std::vector<int> global, bool made_by_members) {
+  if (c.across_nodes && !detail::on_this_node(c, global)) {
+    return detail::open_group_across_nodes(c, std::move(name), rank, std::move(global), made_by_members);
   }
+  return detail::open_comm(*c.arena, std::move(name), rank, std::move(global));
 }
 }  // namespace
 
@@ -182,8 +183,7 @@ Communicator Communicator::split(int color, int key) const {
   int my_rank = static_cast<int>(std::find(members.begin(), members.end(), c.rank) - members.begin());
   std::vector<int> global;
   for (int j : members) global.push_back(c.global_ranks[j]);
-  refuse_across_nodes(c, "split", global);
-  return Communicator(detail::open_comm(*c.arena, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global)));
+  return Communicator(open_child(c, fmt::format("{}/{}:{}", c.name, index, color), my_rank, std::move(global), false));
 }
 
 Communicator Communicator::create_group(const std::vector<int>& ranks, std::string_view tag) const {
@@ -210,9 +210,8 @@ Communicator Communicator::create_group(const std::vector<int>& ranks, std::stri
   const int index = c.groups[key]++;
   std::vector<int> global;
   for (int j : ranks) global.push_back(c.global_ranks[static_cast<std::size_t>(j)]);
-  refuse_across_nodes(c, "create_group", global);
-  return Communicator(detail::open_comm(*c.arena, fmt::format("{}/group:{:016x}#{}", c.name, key, index),
-                                        static_cast<int>(mine - ranks.begin()), std::move(global)));
+  return Communicator(open_child(c, fmt::format("{}/group:{:016x}#{}", c.name, key, index),
+                                 static_cast<int>(mine - ranks.begin()), std::move(global), true));
 }
 
 // ---- Raw buffers: check this rank's arguments, then run the call on the shared-memory path. ----

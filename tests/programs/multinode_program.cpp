@@ -1,5 +1,5 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
-// it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch | refused |
+// it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch |
 // local_groups | loop.
 #include <nodal/communicator.hpp>
 #include <nodal/errors.hpp>
@@ -167,27 +167,6 @@ int mismatch_mode(const nodal::Context& ctx) {
   return errors == 2 ? 0 : 1;
 }
 
-/// What does not run across nodes yet says so, on every rank, and the communicator goes on working.
-int refused_mode(const nodal::Context& ctx) {
-  nodal::Communicator world = ctx.world();
-  int refused = 0;
-  auto expect_usage = [&](const char* what, auto&& call) {
-    try {
-      call();
-      std::printf("rank %d: %s was not refused\n", ctx.rank(), what);
-    } catch (const nodal::UsageError& e) {
-      ++refused;
-      std::printf("rank %d: %s refused: %s\n", ctx.rank(), what, e.what());
-    }
-  };
-  expect_usage("split", [&] { world.split(0, 0); });
-  expect_usage("create_group", [&] { world.create_group({0, 1}); });
-  float x = 1;
-  world.allreduce(&x, &x, 1, DType::f32, ReduceOp::sum);
-  std::printf("rank %d: refused %d of 2, then allreduce %g\n", ctx.rank(), refused, static_cast<double>(x));
-  return refused == 2 && x == static_cast<float>(world.world_size()) ? 0 : 1;
-}
-
 /// Communicators and send/recv within one node of a job that spans nodes (run with 2 or more
 /// ranks per node): a split by node (reversed keys), a create_group of the node's ranks, send/recv
 /// between its first two ranks, each checked; then the world still works across nodes.
@@ -267,7 +246,6 @@ int main(int argc, char** argv) {
   }
   if (mode == "p2p_threads") return p2p_threads_mode(ctx);
   if (mode == "mismatch") return mismatch_mode(ctx);
-  if (mode == "refused") return refused_mode(ctx);
   if (mode == "local_groups") return local_groups_mode(ctx);
   if (mode == "loop") return loop_mode(ctx);
   std::fprintf(stderr, "multinode_program: unknown mode '%s'\n", mode.c_str());

@@ -104,7 +104,8 @@ class Communicator {
   /// Collective. Ranks passing the same `color` (>= 0) form a new communicator, ordered by
   /// (key, this communicator's rank); ranks passing a negative color get an invalid one
   /// (MPI_Comm_split with MPI_UNDEFINED). Throws ShmError when the arena has no room. In a job
-  /// across nodes, a new communicator must lie within one node (UsageError on its members if not).
+  /// across nodes, a communicator within one node takes the shared-memory path; one that spans
+  /// nodes runs its calls as send/recv between its members (the same results, untuned).
   Communicator split(int color, int key) const;
   /// Made by the members alone, not a collective call of this communicator (MPI_Comm_create_group's
   /// semantics; what torch.distributed.new_group needs, whose backend is made in the member ranks
@@ -114,8 +115,10 @@ class Communicator {
   /// list the same ranks in different orders get UsageError from this call; members whose lists
   /// hold different ranks wait for each other in their first collective call, as in MPI (an
   /// erroneous program: nodalrun's --stall-timeout names it). Throws UsageError for a bad list
-  /// (empty, out of range, repeated, without this rank), ShmError when the arena has no room; in
-  /// a job across nodes, UsageError when `ranks` span nodes.
+  /// (empty, out of range, repeated, without this rank), ShmError when the arena has no room. In
+  /// a job across nodes, a group that spans nodes is as with split; its members compare their
+  /// lists when they make it (the order check above: a member whose order differs from the
+  /// lowest global rank's gets UsageError), so this call then waits for every member.
   Communicator create_group(const std::vector<int>& ranks, std::string_view tag = {}) const;
 
   // ---- Raw buffers: count elements of dtype at each pointer (count may be 0). ----

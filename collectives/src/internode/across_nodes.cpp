@@ -24,16 +24,7 @@
 
 namespace nodal::detail {
 
-namespace {
-
-/// The elements each contributor's data covers over the whole call, and whether only the root
-/// contributes.
-struct Shape {
-  std::size_t total = 0;
-  bool rooted = false;
-};
-
-Shape shape_of(const CollCall& call, int world_size) {
+CallShape shape_of(const CollCall& call, int world_size) {
   const std::size_t n = static_cast<std::size_t>(world_size);
   switch (call.kind) {
     case CollKind::barrier: return {0, false};
@@ -49,6 +40,8 @@ Shape shape_of(const CollCall& call, int world_size) {
     default: return {0, false};  // the v-variants run as these (run_vector)
   }
 }
+
+namespace {
 
 /// What the wait table shows while a rank waits for a step.
 struct Waiting {
@@ -73,8 +66,8 @@ void describe_waiting(const void* context, std::string& what, std::string& waiti
                     : fmt::format("ranks {} of this node to make this call", fmt::join(missing, ", "));
 }
 
-/// This rank's result from one finished step: the step covers elements [e0, e0 + e) of every
-/// contributor's data, contributor j's at buf + j * step_bytes (rooted: the root's at buf).
+}  // namespace
+
 void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::size_t e0, std::size_t e) {
   const std::size_t es = element_size(call.dtype);
   const std::size_t step_bytes = e * es;
@@ -133,7 +126,21 @@ void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::
   }
 }
 
-}  // namespace
+BridgeStep describe_step(const CollCall& call, CollKind wire, std::uint64_t number, std::uint64_t step_bytes) {
+  BridgeStep desc{static_cast<std::uint8_t>(wire),
+                  static_cast<std::uint8_t>(call.dtype),
+                  static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum),
+                  static_cast<std::uint8_t>(shape_of(call, 1).rooted),
+                  call.root,
+                  call.count,
+                  step_bytes,
+                  number,
+                  {},
+                  {}};
+  std::strncpy(desc.name, coll_kind_name(wire), sizeof desc.name - 1);
+  dtype_name(call.dtype).copy(desc.type, sizeof desc.type - 1);
+  return desc;
+}
 
 std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int world_size) {
   auto* bridge = static_cast<NodeBridge*>(arena.find(kNodeBridgeName));
@@ -153,7 +160,9 @@ std::shared_ptr<CommState> open_world_across_nodes(Arena& arena, int rank, int w
   state->global_ranks.resize(static_cast<std::size_t>(world_size));
   std::iota(state->global_ranks.begin(), state->global_ranks.end(), 0);
   state->config = comm_config();
-  state->across_nodes = std::make_shared<BridgeClient>(BridgeClient{&arena, bridge, 0});
+  state->across_nodes = std::make_shared<BridgeClient>();
+  state->across_nodes->arena = &arena;
+  state->across_nodes->bridge = bridge;
   // Only its wake word is used (send/recv within this node); no slots: the calls go through the bridge.
   state->shared = static_cast<SharedComm*>(arena.find_or_create("nodal.comm-across:world", sizeof(SharedComm), kCacheLine,
                                                                 [](void* where) { new (where) SharedComm{}; }));
@@ -171,13 +180,14 @@ namespace {
 /// Runs a fixed-size `call` through the bridge; the steps' descriptions, which the agents compare
 /// between ranks and nodes, name `wire` as the call's kind (a v-variant's parts name the v-variant).
 void exchange(CommState& comm, const CollCall& call, CollKind wire) {
+  if (!comm.across_nodes->world) return exchange_in_group(comm, call, wire);
   BridgeClient& client = *comm.across_nodes;
   NodeBridge& b = *client.bridge;
   const std::uint64_t number = ++comm.seq;
   const int n = comm.size;
   const int g = comm.rank;
   const std::size_t es = element_size(call.dtype);
-  const Shape shape = shape_of(call, n);
+  const CallShape shape = shape_of(call, n);
   const std::size_t per_step = b.capacity / es / (shape.rooted ? 1 : static_cast<std::size_t>(n));
   if (per_step == 0) {
     throw UsageError(fmt::format("{}: the node buffer of {} bytes (NODAL_NODE_BUFFER_BYTES) holds less than one element per "
@@ -234,19 +244,7 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     } else if (g == call.root) {
       copy_bytes(buf, bytes(call.input) + e0 * es, step_bytes);
     }
-    BridgeStep& desc = mine.steps[s % 2];
-    desc = BridgeStep{static_cast<std::uint8_t>(wire),
-                      static_cast<std::uint8_t>(call.dtype),
-                      static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum),
-                      static_cast<std::uint8_t>(shape.rooted),
-                      call.root,
-                      call.count,
-                      step_bytes,
-                      number,
-                      {},
-                      {}};
-    std::strncpy(desc.name, coll_kind_name(wire), sizeof desc.name - 1);
-    dtype_name(call.dtype).copy(desc.type, sizeof desc.type - 1);
+    mine.steps[s % 2] = describe_step(call, wire, number, step_bytes);
     mine.posted.store(s, std::memory_order_release);
     notify(b.word);
     if (previous) take(s - 1, previous->first, previous->second);

@@ -341,23 +341,28 @@ if N >= 2:
 
 # ---- subgroups made by their members alone ----
 NNODES = int(os.environ.get("NODAL_NNODES", "1"))
-if NNODES == 1:
-    evens = list(range(0, N, 2))
-    odds = list(range(1, N, 2))
-    g_even = dist.new_group(evens)
-    g_odd = dist.new_group(odds) if odds else None
-    mine = evens if RANK % 2 == 0 else odds
-    group = g_even if RANK % 2 == 0 else g_odd
-else:  # across nodes (as many ranks on each): groups within a node (one that spans nodes is refused
-    # in its members, and torch's new_group then leaves the others in its store-based barrier)
+evens = list(range(0, N, 2))
+odds = list(range(1, N, 2))
+g_even = dist.new_group(evens)  # across nodes (consecutive ranks per node) both span the nodes
+g_odd = dist.new_group(odds) if odds else None
+mine = evens if RANK % 2 == 0 else odds
+group = g_even if RANK % 2 == 0 else g_odd
+if NNODES > 1:  # and groups within a node (the shared-memory path)
     L = int(os.environ["LOCAL_WORLD_SIZE"])
     nodes = [list(range(k, k + L)) for k in range(0, N, L)]
-    groups = [dist.new_group(ranks) for ranks in nodes]
-    mine = nodes[RANK // L]
-    group = groups[RANK // L]
+    node_groups = [dist.new_group(ranks) for ranks in nodes]
+    t = torch.tensor([float(RANK)])
+    dist.all_reduce(t, group=node_groups[RANK // L])
+    check(t.item() == float(sum(nodes[RANK // L])), f"node group {nodes[RANK // L]}: {t.item()}")
 t = torch.tensor([float(RANK)])
 dist.all_reduce(t, group=group)
 check(t.item() == float(sum(mine)), f"subgroup {mine}: {t.item()}")
+b = torch.full((3,), float(RANK))
+dist.broadcast(b, src=mine[-1], group=group)
+check(torch.equal(b, torch.full((3,), float(mine[-1]))), f"subgroup {mine}: broadcast from {mine[-1]}")
+outs = [torch.empty(2) for _ in mine]
+dist.all_gather(outs, torch.full((2,), float(RANK)), group=group)
+check(all(torch.equal(o, torch.full((2,), float(r))) for o, r in zip(outs, mine)), f"subgroup {mine}: all_gather")
 if RANK == 0:  # rank 0 alone in a group of its own
     solo = dist.new_group([0])
     t = torch.tensor([5.0])
