@@ -8,7 +8,7 @@ target_link_libraries(multinode_program PRIVATE nodal::collectives nodal_warning
 find_program(NODAL_MPIRUN mpirun.openmpi)
 find_program(NODAL_SRUN srun)  # tests/support/slurm-cluster.sh says when a cluster cannot be built
 if(TARGET nodal_internode_mpi AND NODAL_MPIRUN)
-  nodal_add_test(multinode_test multinode SERIAL TIMEOUT 180 integration/multinode_test.cpp)
+  nodal_add_test(multinode_test multinode SERIAL TIMEOUT 300 integration/multinode_test.cpp)
   add_dependencies(multinode_test multinode_program coll_program vector_program fashion_mnist nodal_internode_mpi)
   target_link_libraries(multinode_test PRIVATE Boost::headers)  # the --report JSON
   target_compile_definitions(multinode_test PRIVATE NODAL_TEST_MPIRUN="${NODAL_MPIRUN}"
