@@ -342,7 +342,8 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   detail::run_collective(c, CollCall{CollKind::allgather, mine.data(), all.data(), mine.size(), DType::u8,
                                      ReduceOp::sum, -1});
   const detail::GpuPath path =
-      detail::choose_gpu_path(all, cuda::built_with_nccl(), detail::getenv_or_empty("NODAL_GPU_BACKEND"));
+      detail::choose_gpu_path(all, cuda::built_with_nccl(), detail::getenv_or_empty("NODAL_GPU_BACKEND"),
+                              c.across_nodes != nullptr);
   c.gpu = path == detail::GpuPath::nccl ? detail::make_nccl_backend(c, device)
                                         : detail::make_cuda_ipc_backend(c, device);
   c.gpu_device = device;

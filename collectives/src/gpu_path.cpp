@@ -15,9 +15,19 @@
 
 namespace nodal::detail {
 
-GpuPath choose_gpu_path(const std::vector<GpuUuid>& gpus, bool nccl_built, std::string_view forced) {
+GpuPath choose_gpu_path(const std::vector<GpuUuid>& gpus, bool nccl_built, std::string_view forced, bool spans_nodes) {
   if (!forced.empty() && forced != "auto" && forced != "nccl" && forced != "cuda_ipc") {
     throw UsageError(fmt::format("NODAL_GPU_BACKEND='{}': expected auto, nccl or cuda_ipc", forced));
+  }
+  if (spans_nodes) {
+    if (forced == "cuda_ipc") {
+      throw UsageError("NODAL_GPU_BACKEND=cuda_ipc on a communicator that spans nodes: CUDA IPC does not cross "
+                       "nodes (NCCL does)");
+    }
+    if (!nccl_built) {
+      throw UsageError("calls on cuda tensors across nodes take NCCL, and nodal was built without it");
+    }
+    forced = "nccl";  // refuses ranks sharing a GPU, naming them
   }
   if (forced == "cuda_ipc") return GpuPath::cuda_ipc;
   // Two ranks on one GPU: the first such pair, for the message.
@@ -33,6 +43,11 @@ GpuPath choose_gpu_path(const std::vector<GpuUuid>& gpus, bool nccl_built, std::
   }
   if (forced == "nccl") {
     if (!nccl_built) throw UsageError("NODAL_GPU_BACKEND=nccl, but nodal was built without NCCL");
+    if (first >= 0 && spans_nodes) {
+      throw UsageError(fmt::format("ranks {} and {} share a GPU, and across nodes calls on cuda tensors take NCCL, "
+                                   "which refuses that (\"Duplicate GPU detected\"): use one rank per GPU",
+                                   first, second));
+    }
     if (first >= 0) {
       throw UsageError(fmt::format("NODAL_GPU_BACKEND=nccl, but ranks {} and {} share a GPU, which NCCL refuses "
                                    "(\"Duplicate GPU detected\"); use cuda_ipc or one rank per GPU",

@@ -22,7 +22,10 @@ using GpuUuid = std::array<std::uint8_t, 16>;
 /// `forced` is NODAL_GPU_BACKEND: "" or "auto" (the rule above; without NCCL always cuda_ipc),
 /// "nccl" or "cuda_ipc". Throws UsageError for an unknown value, for nccl forced while ranks
 /// share a GPU (naming two of them) and for nccl forced in a build without NCCL.
-GpuPath choose_gpu_path(const std::vector<GpuUuid>& gpus, bool nccl_built, std::string_view forced);
+/// `spans_nodes` (a communicator across nodes): NCCL only, one GPU per rank (CUDA IPC does not
+/// cross nodes): UsageError otherwise (without NCCL, cuda_ipc forced, or ranks sharing a GPU).
+GpuPath choose_gpu_path(const std::vector<GpuUuid>& gpus, bool nccl_built, std::string_view forced,
+                        bool spans_nodes = false);
 
 /// "nccl", "cuda_ipc".
 const char* gpu_path_name(GpuPath path) noexcept;

@@ -56,6 +56,21 @@ TEST(GpuPathTest, ForcedBackends) {
   EXPECT_NE(message_of({gpu(0)}, true, "gloo").find("NODAL_GPU_BACKEND='gloo'"), std::string::npos);
 }
 
+TEST(GpuPathTest, AcrossNodesOnlyNcclWithOneGpuPerRank) {
+  auto across = [](const std::vector<GpuUuid>& gpus, bool nccl, const char* forced) {
+    try {
+      return std::string(nodal::detail::gpu_path_name(choose_gpu_path(gpus, nccl, forced, true)));
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(across({gpu(0), gpu(1), gpu(2), gpu(3)}, true, ""), "nccl");
+  EXPECT_EQ(across({gpu(0), gpu(1)}, true, "auto"), "nccl");
+  EXPECT_NE(across({gpu(0), gpu(1), gpu(1)}, true, "").find("ranks 1 and 2 share a GPU"), std::string::npos);
+  EXPECT_NE(across({gpu(0), gpu(1)}, false, "").find("built without it"), std::string::npos);
+  EXPECT_NE(across({gpu(0), gpu(1)}, true, "cuda_ipc").find("CUDA IPC does not cross nodes"), std::string::npos);
+}
+
 TEST(GpuPathTest, GpuUuidWithoutAGpuSaysWhy) {
   if (nodal::cuda::available()) GTEST_SKIP() << "a GPU is available here";
   try {

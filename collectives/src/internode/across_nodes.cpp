@@ -187,7 +187,8 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
   const int n = comm.size;
   const int g = comm.rank;
   const std::size_t es = element_size(call.dtype);
-  const CallShape shape = shape_of(call, n);
+  // A call on cuda tensors only agrees here (its data goes through NCCL): one step, no data.
+  const CallShape shape = call.on_gpu ? CallShape{} : shape_of(call, n);
   const std::size_t per_step = b.capacity / es / (shape.rooted ? 1 : static_cast<std::size_t>(n));
   if (per_step == 0) {
     throw UsageError(fmt::format("{}: the node buffer of {} bytes (NODAL_NODE_BUFFER_BYTES) holds less than one element per "
@@ -226,7 +227,7 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
       notify(b.word);
       throw UsageError(message);
     }
-    take_result(call, n, g, buffer_of(s), e0, e);
+    if (!call.on_gpu) take_result(call, n, g, buffer_of(s), e0, e);
   };
   // Pipelined (nodal/detail/node_bridge.hpp): post step s, then take step s - 1's result.
   std::optional<std::pair<std::size_t, std::size_t>> previous;  // the last posted step's elements
@@ -362,10 +363,6 @@ void run_vector(CommState& comm, const CollCall& call) {
 }  // namespace
 
 void run_across_nodes(CommState& comm, const CollCall& call) {
-  if (call.on_gpu) {
-    throw UsageError(fmt::format("{} on communicator '{}': collectives on cuda tensors do not run across nodes yet",
-                                 coll_kind_name(call.kind), comm.name));
-  }
   check_job_alive();
   if (is_vector(call.kind)) {
     run_vector(comm, call);

@@ -47,8 +47,8 @@ std::shared_ptr<CommState> open_group_across_nodes(const CommState& parent, std:
                                                    std::vector<int> global_ranks, bool check_order);
 
 /// Runs `call` on a communicator made by open_world_across_nodes or open_group_across_nodes. Every collective, the v-variants
-/// included (padded to their largest count), except calls on cuda tensors (UsageError: not across
-/// nodes yet). The results are the one-node path's bits (reductions fold in rank order). Throws UsageError when the nodes' calls
+/// included (padded to their largest count); for a call on cuda tensors (on_gpu) only the
+/// agreement: the descriptions are compared, no data moves (NCCL moves it). The results are the one-node path's bits (reductions fold in rank order). Throws UsageError when the nodes' calls
 /// differ, PeerFailure when the job fails while waiting.
 void run_across_nodes(CommState& comm, const CollCall& call);
 

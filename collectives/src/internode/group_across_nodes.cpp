@@ -125,7 +125,8 @@ void exchange_in_group(CommState& comm, const CollCall& call, CollKind wire) {
   const std::vector<int> positions = ring_positions(comm);
   const std::size_t es = element_size(call.dtype);
   const CallShape shape = shape_of(call, n);
-  const std::size_t bytes = shape.total * es;
+  // A call on cuda tensors only agrees here (its data goes through NCCL).
+  const std::size_t bytes = call.on_gpu ? 0 : shape.total * es;
 
   // 1. The descriptions, compared on every member: a mismatch is found before any data moves.
   std::vector<BridgeStep> steps(static_cast<std::size_t>(n));

@@ -24,6 +24,7 @@
 #include "comm_state.hpp"
 #include "nccl/nccl_kernels.hpp"
 #include "nccl/nccl_plan.hpp"
+#include "shm/algorithms.hpp"  // run_collective
 
 #include <nodal/arena.hpp>
 #include <nodal/errors.hpp>
@@ -279,6 +280,7 @@ class NcclBackend final : public GpuBackend {
  private:
   /// Rank 0 publishes a fresh ncclUniqueId; the others wait for it (or for rank 0's failure).
   ncclUniqueId exchange_id(Deadline deadline) {
+    if (comm_.across_nodes) return exchange_id_across_nodes();
     // A communicator may make its NCCL communicator more than once (after an abort, say): the
     // record is per generation, and comm_.seq (collective calls so far) is the same on every rank
     // at the call that makes it.
@@ -305,6 +307,31 @@ class NcclBackend final : public GpuBackend {
       throw CudaError(fmt::format("communicator {}: {}", label_, record.error));
     }
     return record.id;
+  }
+
+  /// Across nodes each node has its own arena: rank 0's id (or its failure) reaches every rank
+  /// through a broadcast on the communicator's CPU path (every rank makes its backend at the same
+  /// call, so this is one more collective call in the same place on every rank). A failed job
+  /// ends it with PeerFailure.
+  ncclUniqueId exchange_id_across_nodes() {
+    struct Message {
+      std::uint64_t state;
+      ncclUniqueId id;
+      char error[256];
+    } message{};
+    if (comm_.rank == 0) {
+      const ncclResult_t result = ncclGetUniqueId(&message.id);
+      message.state = result == ncclSuccess ? NcclIdRecord::kPublished : NcclIdRecord::kFailed;
+      if (result != ncclSuccess) {
+        std::snprintf(message.error, sizeof message.error, "ncclGetUniqueId on rank 0 failed: %s (%s)",
+                      ncclGetErrorString(result), ncclGetLastError(nullptr));
+      }
+    }
+    run_collective(comm_, CollCall{CollKind::broadcast, &message, &message, sizeof message, DType::u8, ReduceOp::sum, 0});
+    if (message.state != NcclIdRecord::kPublished) {
+      throw CudaError(fmt::format("communicator {}: {}", label_, message.error));
+    }
+    return message.id;
   }
 
   nccl::ReducePlan plan_for(DType dtype, ReduceOp op) const {
