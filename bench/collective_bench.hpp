@@ -12,7 +12,9 @@
 //   bytes  per-rank message size, as OSU names it: the buffer of allreduce, reduce and broadcast;
 //          each rank's contribution to allgather and gather; each rank's block of reduce_scatter
 //          and scatter (the output); the block each pair of ranks exchanges in alltoall. 0 for
-//          barrier. Sizes run over powers of two from --min-bytes to --max-bytes.
+//          barrier. The message of pingpong: rank 0 sends it to the last rank (across nodes, on
+//          another node), which sends it back (usec is the round trip; osu_latency prints half).
+//          Sizes run over powers of two from --min-bytes to --max-bytes.
 //   usec   microseconds per call: the max over ranks of each rank's time per call (OSU's "max"
 //          column; a collective is done when its slowest rank is). A rank's time per call is, with
 //          --timing back_to_back, the mean over `iters` calls issued back to back between two clock
@@ -24,7 +26,8 @@
 //          reduce_scatter, scatter and alltoall (the whole gathered or scattered buffer). With
 //          these sizes the figures are those nccl-tests prints for the same buffers.
 //   busbw  algbw times nccl-tests' bus factor (src/*.cu GetBw): allreduce 2(n-1)/n; allgather,
-//          reduce_scatter, alltoall, gather, scatter (n-1)/n; broadcast, reduce 1.
+//          reduce_scatter, alltoall, gather, scatter (n-1)/n; broadcast, reduce 1; pingpong 2
+//          (the message crosses twice).
 //
 // Iterations (unless --iters / --warmup say otherwise): warm-up runs batches of 1, 2, 4, ... calls,
 // shaped like the timed loop, until a batch (the second or later) lasts >= a quarter of --target-ms
@@ -56,12 +59,12 @@
 
 namespace collective_bench {
 
-enum class Op { allreduce, broadcast, allgather, reduce_scatter, alltoall, reduce, gather, scatter, barrier };
+enum class Op { allreduce, broadcast, allgather, reduce_scatter, alltoall, reduce, gather, scatter, barrier, pingpong };
 enum class Timing { back_to_back, barrier };
 /// The element types every library here has (MPI_FLOAT, MPI_DOUBLE, MPI_INT; gloo's float, ...).
 enum class DType { f32, f64, i32 };
 
-inline constexpr std::array<std::pair<std::string_view, Op>, 9> kOps = {{{"allreduce", Op::allreduce},
+inline constexpr std::array<std::pair<std::string_view, Op>, 10> kOps = {{{"allreduce", Op::allreduce},
                                                                          {"broadcast", Op::broadcast},
                                                                          {"allgather", Op::allgather},
                                                                          {"reduce_scatter", Op::reduce_scatter},
@@ -69,7 +72,11 @@ inline constexpr std::array<std::pair<std::string_view, Op>, 9> kOps = {{{"allre
                                                                          {"reduce", Op::reduce},
                                                                          {"gather", Op::gather},
                                                                          {"scatter", Op::scatter},
-                                                                         {"barrier", Op::barrier}}};
+                                                                         {"barrier", Op::barrier},
+                                                                         {"pingpong", Op::pingpong}}};
+
+/// pingpong's two ends: rank 0 and the last rank.
+inline int pingpong_peer(int world_size) { return world_size - 1; }
 
 inline std::string_view op_name(Op op) {
   for (const auto& [name, value] : kOps) {
@@ -115,6 +122,8 @@ inline double busbw_factor(Op op, int world_size) {
     case Op::gather:
     case Op::scatter:
       return (n - 1) / n;
+    case Op::pingpong:
+      return 2;
     case Op::broadcast:
     case Op::reduce:
     case Op::barrier:
@@ -134,6 +143,7 @@ inline Layout layout(Op op, std::size_t count, int world_size) {
   switch (op) {
     case Op::allreduce:
     case Op::reduce:
+    case Op::pingpong:
       return {count, count};
     case Op::broadcast:
       return {0, count};  // one buffer, the output, on every rank
@@ -396,6 +406,8 @@ inline double expected_value(const Call& call, std::size_t i, int rank, int worl
       return sum_over_ranks(i);
     case Op::broadcast:
       return input_value(kRoot, i);
+    case Op::pingpong:
+      return input_value(0, i);  // rank 0's message, on rank 0 back from the last rank
     case Op::allgather:
     case Op::gather:
       return input_value(static_cast<int>(i / count), i % count);
@@ -416,6 +428,7 @@ inline double expected_value(const Call& call, std::size_t i, int rank, int worl
 inline void verify(const Call& call, const void* result, int rank, int world_size) {
   if (call.op == Op::barrier) return;
   if ((call.op == Op::reduce || call.op == Op::gather) && rank != kRoot) return;
+  if (call.op == Op::pingpong && rank != 0 && rank != pingpong_peer(world_size)) return;
   const Layout l = layout(call.op, call.count, world_size);
   with_type(call.dtype, [&](auto zero) {
     using T = decltype(zero);

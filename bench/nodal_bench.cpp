@@ -94,6 +94,17 @@ class NodalBackend {
       case cb::Op::barrier:
         comm_.barrier();
         return;
+      case cb::Op::pingpong: {
+        const int last = cb::pingpong_peer(comm_.world_size());
+        if (comm_.rank() == 0) {
+          comm_.send(call.input, call.count, dtype, last);
+          comm_.recv(call.output, call.count, dtype, last);
+        } else if (comm_.rank() == last) {
+          comm_.recv(call.output, call.count, dtype, 0);
+          comm_.send(call.output, call.count, dtype, 0);
+        }
+        return;
+      }
     }
   }
 

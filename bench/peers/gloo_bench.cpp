@@ -29,6 +29,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
 #include <cstdio>
@@ -192,6 +193,28 @@ class GlooBackend {
       case cb::Op::barrier: {
         auto options = std::make_shared<gloo::BarrierOptions>(context_);
         run_ = [options] { gloo::barrier(*options); };
+        return;
+      }
+      case cb::Op::pingpong: {  // gloo's point-to-point: unbound buffers
+        const std::size_t bytes = count * sizeof(T);
+        std::shared_ptr<gloo::transport::UnboundBuffer> in = context_->createUnboundBuffer(input, bytes);
+        std::shared_ptr<gloo::transport::UnboundBuffer> out = context_->createUnboundBuffer(output, bytes);
+        const int last = cb::pingpong_peer(world_size());
+        const int me = rank();
+        run_ = [in, out, last, me] {
+          constexpr std::uint64_t kSlot = 1;
+          if (me == 0) {
+            in->send(last, kSlot);
+            in->waitSend();
+            out->recv(last, kSlot);
+            out->waitRecv();
+          } else if (me == last) {
+            out->recv(0, kSlot);
+            out->waitRecv();
+            out->send(0, kSlot);
+            out->waitSend();
+          }
+        };
         return;
       }
     }

@@ -103,6 +103,17 @@ class MpiBackend {
       case cb::Op::barrier:
         MPI_Barrier(MPI_COMM_WORLD);
         return;
+      case cb::Op::pingpong: {
+        const int last = cb::pingpong_peer(world_size_);
+        if (rank_ == 0) {
+          MPI_Send(call.input, count, type, last, 0, MPI_COMM_WORLD);
+          MPI_Recv(call.output, count, type, last, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (rank_ == last) {
+          MPI_Recv(call.output, count, type, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          MPI_Send(call.output, count, type, 0, 0, MPI_COMM_WORLD);
+        }
+        return;
+      }
     }
   }
 

@@ -142,6 +142,7 @@ TEST(MultiNode, GroupsThatSpanNodesWorkAsOnOneNode) {
   // dropped, then the matrix in the groups of color rank % 3 at once; every result against the
   // program's reference, and each rank's digest of its group's results equal to a one-node job's.
   // 2 x 2: groups {0, 3}, {1}, {2} (the first spans nodes); 3 x 1: every group of two spans nodes.
+  // A 256 KiB node buffer: the larger calls run in several segments.
   const std::vector<std::string> split = {NODAL_TEST_COLL_PROGRAM, "split", "sizes=4,1024,100000"};
   std::regex line(R"(rank (\d+) color \d+ \(rank \d+ of \d+\) ok \d+ checks digest ([0-9a-f]+))");
   auto group_digests = [&](const std::string& out) {
@@ -151,7 +152,7 @@ TEST(MultiNode, GroupsThatSpanNodesWorkAsOnOneNode) {
   };
   for (auto [nodes, ranks] : {std::pair{2, 2}, std::pair{3, 1}}) {
     SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks");
-    ChildResult across = run_job(loopback(nodes, ranks, split));
+    ChildResult across = run_job(loopback(nodes, ranks, split), {"NODAL_NODE_BUFFER_BYTES=256K"});
     ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
     EXPECT_EQ(nodal::testing::count_lines(across.out, R"(rank \d+ split ok)"), nodes * ranks) << across.out;
     std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", std::to_string(nodes * ranks)};

@@ -129,7 +129,8 @@ void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::
 BridgeStep describe_step(const CollCall& call, CollKind wire, std::uint64_t number, std::uint64_t step_bytes) {
   BridgeStep desc{static_cast<std::uint8_t>(wire),
                   static_cast<std::uint8_t>(call.dtype),
-                  static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum),
+                  static_cast<std::uint8_t>(static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum) |
+                                            (call.on_gpu ? BridgeStep::kOnGpu : 0)),
                   static_cast<std::uint8_t>(shape_of(call, 1).rooted),
                   call.root,
                   call.count,

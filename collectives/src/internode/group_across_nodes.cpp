@@ -5,11 +5,14 @@
 // compare them (a mismatch is the same UsageError on every member, and the communicator goes on),
 // then every contribution around the ring (the root's alone along it for broadcast and scatter),
 // and each member computes its result from all of them as the world's calls across nodes do
-// (take_result: reductions fold in rank order, so the bits are the one-node bits). Untuned: each
-// member receives every contribution, and each ring step is a rendezvous.
+// (take_result: reductions fold in rank order, so the bits are the one-node bits), in segments of
+// bounded memory. Untuned: each member receives every contribution, and each ring step is a
+// rendezvous. Each such communicator keeps its ring's channels (about 0.5 MiB each, in both
+// nodes' arenas when the pair crosses nodes) for the job's life.
 #include "internode/across_nodes.hpp"
 
 #include "copy.hpp"
+#include "shm/algorithm_table.hpp"
 
 #include <nodal/detail/node_bridge.hpp>
 #include <nodal/errors.hpp>
@@ -68,7 +71,10 @@ std::vector<int> ring_positions(const CommState& comm) {
 std::string describe(const BridgeStep& s) {
   std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call, s.count,
                                  std::string(s.type, strnlen(s.type, sizeof s.type)));
+  const auto op = static_cast<ReduceOp>(s.op & ~BridgeStep::kOnGpu);
+  if (is_reduction(static_cast<CollKind>(s.kind))) text += fmt::format(", {}", reduce_op_name(op));
   if (s.root >= 0) text += fmt::format(", root {}", s.root);
+  if (s.op & BridgeStep::kOnGpu) text += ", on cuda tensors";
   return text;
 }
 
@@ -141,28 +147,40 @@ void exchange_in_group(CommState& comm, const CollCall& call, CollKind wire) {
   }
   if (bytes == 0) return;  // barrier, or calls of no elements: the descriptions were the meeting
 
-  // 2. The data.
-  std::vector<std::byte> gathered(shape.rooted ? bytes : static_cast<std::size_t>(n) * bytes);
-  if (shape.rooted) {
-    if (comm.rank == call.root) copy_bytes(gathered.data(), call.input, bytes);
-    ring_broadcast(ring, gathered.data(), bytes, positions[static_cast<std::size_t>(call.root)], tag);
-    take_result(call, n, comm.rank, gathered.data(), 0, shape.total);
-    return;
+  // 2. The data, in segments: a member holds every contribution to one segment, at most the node
+  // buffer's size (NODAL_NODE_BUFFER_BYTES, as a step of the world's calls; or one element per
+  // member) at a time.
+  const std::size_t budget = comm.across_nodes->bridge->capacity;
+  const std::size_t per_segment = std::max<std::size_t>(1, budget / es / (shape.rooted ? 1 : static_cast<std::size_t>(n)));
+  const bool in_rank_order = std::is_sorted(comm.global_ranks.begin(), comm.global_ranks.end());
+  std::vector<std::byte> gathered, by_rank;
+  for (std::size_t e0 = 0; e0 < shape.total; e0 += per_segment) {
+    const std::size_t e = std::min(per_segment, shape.total - e0);
+    const std::size_t segment = e * es;
+    const auto* input = static_cast<const std::byte*>(call.input) + e0 * es;
+    if (shape.rooted) {
+      gathered.resize(segment);
+      if (comm.rank == call.root) copy_bytes(gathered.data(), input, segment);
+      ring_broadcast(ring, gathered.data(), segment, positions[static_cast<std::size_t>(call.root)], tag);
+      take_result(call, n, comm.rank, gathered.data(), e0, e);
+      continue;
+    }
+    gathered.resize(static_cast<std::size_t>(n) * segment);
+    copy_bytes(gathered.data() + static_cast<std::size_t>(ring.rank) * segment, input, segment);
+    ring_allgather(ring, gathered.data(), segment, tag);
+    if (in_rank_order) {
+      take_result(call, n, comm.rank, gathered.data(), e0, e);
+      continue;
+    }
+    // Contributions in ring order -> in the communicator's rank order (members listed out of
+    // global order).
+    by_rank.resize(gathered.size());
+    for (int j = 0; j < n; ++j) {
+      copy_bytes(by_rank.data() + static_cast<std::size_t>(j) * segment,
+                 gathered.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(j)]) * segment, segment);
+    }
+    take_result(call, n, comm.rank, by_rank.data(), e0, e);
   }
-  copy_bytes(gathered.data() + static_cast<std::size_t>(ring.rank) * bytes, call.input, bytes);
-  ring_allgather(ring, gathered.data(), bytes, tag);
-  // Contributions in ring order -> in the communicator's rank order (the same unless the members
-  // were listed out of global order).
-  if (std::is_sorted(comm.global_ranks.begin(), comm.global_ranks.end())) {
-    take_result(call, n, comm.rank, gathered.data(), 0, shape.total);
-    return;
-  }
-  std::vector<std::byte> by_rank(gathered.size());
-  for (int j = 0; j < n; ++j) {
-    copy_bytes(by_rank.data() + static_cast<std::size_t>(j) * bytes,
-               gathered.data() + static_cast<std::size_t>(positions[static_cast<std::size_t>(j)]) * bytes, bytes);
-  }
-  take_result(call, n, comm.rank, by_rank.data(), 0, shape.total);
 }
 
 }  // namespace nodal::detail

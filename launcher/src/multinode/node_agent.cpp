@@ -68,6 +68,7 @@ std::string describe_step(const detail::BridgeStep& s) {
   std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call,
                                  s.count, std::string(s.type, strnlen(s.type, sizeof s.type)));
   if (s.root >= 0) text += fmt::format(", root {}", s.root);
+  if (s.op & detail::BridgeStep::kOnGpu) text += ", on cuda tensors";
   return text;
 }
 

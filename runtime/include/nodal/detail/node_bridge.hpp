@@ -46,7 +46,8 @@ inline constexpr int kNodeBuffers = 3;
 struct BridgeStep {
   std::uint8_t kind = 0;   ///< the call's CollKind
   std::uint8_t dtype = 0;  ///< the call's DType
-  std::uint8_t op = 0;     ///< the call's ReduceOp (0 for calls that do not reduce)
+  std::uint8_t op = 0;     ///< the call's ReduceOp (0 for calls that do not reduce), | kOnGpu
+  static constexpr std::uint8_t kOnGpu = 0x80;  ///< in `op`: a call on cuda tensors (only agreed here)
   std::uint8_t rooted = 0; ///< 1: only `root` contributes
   std::int32_t root = -1;  ///< global rank; -1 for calls without one
   std::uint64_t count = 0; ///< the call's count argument
