@@ -85,10 +85,13 @@ void InterNode::send_notice(int dest, std::string_view data) {
   }
 }
 std::optional<std::pair<int, std::string>> InterNode::poll_notice() {
-  char data[1024];
+  thread_local std::vector<char> buffer(kNoticeBytes);
+  char* data = buffer.data();
   int source = -1;
   std::uint32_t bytes = 0;
-  if (ops_->poll_notice(handle_, &source, data, sizeof data, &bytes, error_, sizeof error_)) fail("receiving a notice");
+  if (ops_->poll_notice(handle_, &source, data, static_cast<std::uint32_t>(buffer.size()), &bytes, error_, sizeof error_)) {
+    fail("receiving a notice");
+  }
   if (source < 0) return std::nullopt;
   return std::make_pair(source, std::string(data, bytes));
 }

@@ -37,6 +37,8 @@ class InterNode {
   void send_notice(int dest, std::string_view data);
   /// A pending notice and its sender, if any.
   std::optional<std::pair<int, std::string>> poll_notice();
+  /// The largest notice poll_notice() returns whole (a longer one is cut).
+  static constexpr std::size_t kNoticeBytes = 64 * 1024;
   // Point-to-point between agents (internode_plugin.h); each throws std::runtime_error on an
   // engine error.
   int p2p_tag_limit();

@@ -137,8 +137,8 @@ void P2PRelay::reply(const Pair& p, std::uint8_t kind) {
 }
 
 void P2PRelay::on_notice(int from_node, std::string_view notice) {
-  static_assert(sizeof(Control) + detail::kP2PNameBytes + kInlineBytes <= 1024,
-                "a notice holds at most 1 KiB (InterNode::poll_notice)");
+  static_assert(sizeof(Control) + detail::kP2PNameBytes + kInlineBytes <= InterNode::kNoticeBytes,
+                "a header with its inline data fits in a notice (InterNode::poll_notice)");
   Control c;
   if (notice.size() < sizeof c) throw std::runtime_error("a truncated send/recv notice between nodes");
   std::memcpy(&c, notice.data(), sizeof c);
