@@ -35,8 +35,9 @@ class TorchRanks : public ::testing::TestWithParam<int> {};
 
 #ifdef NODAL_TEST_MPIRUN
 TEST(TorchAcrossNodes, EveryOpMatchesGlooOnTwoNodesOfTwoRanks) {
-  // mpirun starts two nodalruns on this host, each its own node of 2 ranks; ops.py's subgroups are
-  // then the nodes' ranks (groups that span nodes are not built yet).
+  // mpirun starts two nodalruns on this host, each its own node of 2 ranks: ops.py's even and odd
+  // subgroups then span the nodes, and its send/recv ring crosses them; groups of each node's
+  // ranks too.
   std::vector<std::string> argv = {NODAL_TEST_MPIRUN, "-n", "2", "--oversubscribe", "--mca", "btl", "tcp,self",
                                    "--bind-to", "none", "-x", "PYTHONPATH", "-x", "PYTHONDONTWRITEBYTECODE",
                                    kNodalrun, "-n", "2", kPython, kScripts + "/ops.py"};
