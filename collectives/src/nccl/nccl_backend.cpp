@@ -312,7 +312,8 @@ class NcclBackend final : public GpuBackend {
   /// Across nodes each node has its own arena: rank 0's id (or its failure) reaches every rank
   /// through a broadcast on the communicator's CPU path (every rank makes its backend at the same
   /// call, so this is one more collective call in the same place on every rank). A failed job
-  /// ends it with PeerFailure.
+  /// ends it with PeerFailure; NODAL_NCCL_INIT_TIMEOUT does not bound it (a rank that never
+  /// comes is named by nodalrun's --stall-timeout), only the NCCL communicator's creation after.
   ncclUniqueId exchange_id_across_nodes() {
     struct Message {
       std::uint64_t state;
