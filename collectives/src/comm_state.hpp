@@ -188,10 +188,14 @@ std::uint64_t members_hash(const std::vector<int>& ranks, std::string_view salt 
 /// this process is `rank`. Throws ShmError when the arena has no room.
 std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, std::vector<int> global_ranks);
 
+/// Publishes `value` in `flag` and wakes the sleepers of `word`.
+inline void publish(WaitWord& word, std::atomic<std::uint64_t>& flag, std::uint64_t value) {
+  flag.store(value, std::memory_order_release);
+  notify(word);
+}
 /// Publishes `value` in `flag` and wakes sleepers of the communicator.
 inline void publish(const CommState& comm, std::atomic<std::uint64_t>& flag, std::uint64_t value) {
-  flag.store(value, std::memory_order_release);
-  notify(comm.shared->word);
+  publish(comm.shared->word, flag, value);
 }
 
 /// Waits (the runtime's waiting helper: spin, yield when oversubscribed, futex) until

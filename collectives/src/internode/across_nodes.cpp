@@ -181,7 +181,7 @@ namespace {
 /// Runs a fixed-size `call` through the bridge; the steps' descriptions, which the agents compare
 /// between ranks and nodes, name `wire` as the call's kind (a v-variant's parts name the v-variant).
 void exchange(CommState& comm, const CollCall& call, CollKind wire) {
-  if (!comm.across_nodes->world) return exchange_in_group(comm, call, wire);
+  if (comm.across_nodes->ring) return exchange_in_group(comm, call, wire);
   BridgeClient& client = *comm.across_nodes;
   NodeBridge& b = *client.bridge;
   const std::uint64_t number = ++comm.seq;

@@ -20,11 +20,9 @@ struct BridgeClient {
   NodeBridge* bridge = nullptr;
   std::uint64_t step = 0;  ///< steps this rank has posted
   std::uint64_t failed = 0;  ///< the last step that failed as a mismatch (node_bridge.hpp)
-  /// False for a communicator of part of the job that spans nodes: its calls run as send/recv
-  /// around `ring` (group_across_nodes.cpp), not through the bridge's steps.
-  bool world = true;
-  /// Such a communicator's own channels for its calls' messages (the members in order of global
-  /// rank), apart from the user's send/recv.
+  /// Set for a communicator of part of the job that spans nodes (null for the world): its calls
+  /// run as send/recv around this ring (the members in order of global rank, on channels of its
+  /// own, apart from the user's send/recv: group_across_nodes.cpp), not through the bridge's steps.
   std::shared_ptr<CommState> ring;
 };
 
@@ -46,9 +44,11 @@ bool on_this_node(const CommState& comm, const std::vector<int>& ranks);
 std::shared_ptr<CommState> open_group_across_nodes(const CommState& parent, std::string name, int rank,
                                                    std::vector<int> global_ranks, bool check_order);
 
-/// Runs `call` on a communicator made by open_world_across_nodes or open_group_across_nodes. Every collective, the v-variants
-/// included (padded to their largest count); for a call on cuda tensors (on_gpu) only the
-/// agreement: the descriptions are compared, no data moves (NCCL moves it). The results are the one-node path's bits (reductions fold in rank order). Throws UsageError when the nodes' calls
+/// Runs `call` on a communicator made by open_world_across_nodes or open_group_across_nodes.
+/// Every collective, the v-variants included (padded to their largest count); for a call on
+/// cuda tensors (on_gpu) only the agreement: the descriptions are compared, no data moves (NCCL
+/// moves it). The results are the one-node path's bits (reductions fold in rank order). Throws
+/// UsageError when the nodes' calls
 /// differ, PeerFailure when the job fails while waiting.
 void run_across_nodes(CommState& comm, const CollCall& call);
 

@@ -68,14 +68,10 @@ std::vector<int> ring_positions(const CommState& comm) {
   return positions;
 }
 
+/// The description with its reduce op's name (the agents' messages, which cannot name it, omit it).
 std::string describe(const BridgeStep& s) {
-  std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call, s.count,
-                                 std::string(s.type, strnlen(s.type, sizeof s.type)));
   const auto op = static_cast<ReduceOp>(s.op & ~BridgeStep::kOnGpu);
-  if (is_reduction(static_cast<CollKind>(s.kind))) text += fmt::format(", {}", reduce_op_name(op));
-  if (s.root >= 0) text += fmt::format(", root {}", s.root);
-  if (s.op & BridgeStep::kOnGpu) text += ", on cuda tensors";
-  return text;
+  return describe_bridge_step(s, is_reduction(static_cast<CollKind>(s.kind)) ? reduce_op_name(op) : std::string_view{});
 }
 
 }  // namespace
@@ -93,7 +89,6 @@ std::shared_ptr<CommState> open_group_across_nodes(const CommState& parent, std:
     auto client = std::make_shared<BridgeClient>();
     client->arena = parent.arena;
     client->bridge = parent.across_nodes->bridge;
-    client->world = false;
     state->across_nodes = std::move(client);
     // Only its wake word is used (send/recv between members on this node).
     state->shared = static_cast<SharedComm*>(parent.arena->find_or_create(

@@ -91,11 +91,6 @@ void wait_for(const Endpoint& e, Ready&& ready, const char* what) {
   wait_until(e.word, std::forward<Ready>(ready), Deadline{}, what, /*yield_core=*/e.bridge != nullptr);
 }
 
-void publish_flag(const Endpoint& e, std::atomic<std::uint64_t>& flag, std::uint64_t value) {
-  flag.store(value, std::memory_order_release);
-  notify(e.word);
-}
-
 void check_channel(const P2PChannel& ch, const CommState& comm, int from, int to) {
   if (ch.broken.load(std::memory_order_acquire) != 0) {
     throw UsageError(fmt::format("send/recv between ranks {} and {} of communicator '{}': count, dtype or tag of the "
@@ -159,7 +154,7 @@ void send_message(CommState& comm, const void* input, std::size_t count, DType d
     const std::size_t begin = i * kP2PChunk;
     const std::size_t len = std::min(kP2PChunk, total - std::min(total, begin));
     if (len != 0) std::memcpy(ch.entry(i), bytes(input) + begin, len);
-    publish_flag(e, ch.sent, step_flag(message, i));
+    publish(e.word, ch.sent, step_flag(message, i));
   }
   wait_for(
       e, [&] { return ch.acked.load(std::memory_order_acquire) >= step_flag(message, steps - 1) || ch.broken.load(); },
@@ -202,7 +197,7 @@ void recv_message(CommState& comm, void* output, std::size_t count, DType dtype,
     const std::size_t begin = i * kP2PChunk;
     const std::size_t len = std::min(kP2PChunk, total - std::min(total, begin));
     if (len != 0) std::memcpy(bytes(output) + begin, ch.entry(i), len);
-    publish_flag(e, ch.acked, step_flag(message, i));
+    publish(e.word, ch.acked, step_flag(message, i));
   }
 }
 

@@ -65,11 +65,7 @@ double env_seconds(const char* name, double fallback) {
 
 std::string describe_step(const detail::BridgeStep& s) {
   if (s.kind == 0xff) return "a call that differs between this node's ranks";
-  std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call,
-                                 s.count, std::string(s.type, strnlen(s.type, sizeof s.type)));
-  if (s.root >= 0) text += fmt::format(", root {}", s.root);
-  if (s.op & detail::BridgeStep::kOnGpu) text += ", on cuda tensors";
-  return text;
+  return detail::describe_bridge_step(s);
 }
 
 }  // namespace

@@ -2,9 +2,10 @@
 // coll/han and UCC's cl/hier for the shape). The agents are the job's MPI processes: they join
 // through the engine (internode.hpp) before any rank starts, agree on the global ranks (torchrun's
 // rule: node k's ranks follow node k-1's), move the steps of the ranks' collectives between nodes
-// (nodal/detail/node_bridge.hpp) and their send/recv with other nodes' ranks (p2p_relay.hpp), and carry failures: a rank's failure on one node is announced to
-// every other (named in their reports), and a node not heard from for NODAL_NODE_TIMEOUT seconds
-// (default 10; heartbeats every quarter of it) fails the job on the others.
+// (nodal/detail/node_bridge.hpp) and their send/recv with other nodes' ranks (p2p_relay.hpp),
+// and carry failures: a rank's failure on one node is announced to every other (named in their
+// reports), and a node not heard from for NODAL_NODE_TIMEOUT seconds (default 10; heartbeats
+// every quarter of it) fails the job on the others.
 //
 // All engine calls but abort run on the agent's own thread; nodalrun's event loop learns of a
 // remote failure through event_fd().

@@ -32,6 +32,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
 
 namespace nodal::detail {
 
@@ -58,6 +63,17 @@ struct BridgeStep {
   bool operator==(const BridgeStep&) const = default;
 };
 static_assert(sizeof(BridgeStep) == 56);
+
+/// "allreduce #3 of 4 x f32, root 0, on cuda tensors" (the op's name, when given, after the
+/// dtype), for the messages of a mismatch.
+inline std::string describe_bridge_step(const BridgeStep& s, std::string_view op_name = {}) {
+  std::string text = fmt::format("{} #{} of {} x {}", std::string(s.name, strnlen(s.name, sizeof s.name)), s.call, s.count,
+                                 std::string(s.type, strnlen(s.type, sizeof s.type)));
+  if (!op_name.empty()) text += fmt::format(", {}", op_name);
+  if (s.root >= 0) text += fmt::format(", root {}", s.root);
+  if (s.op & BridgeStep::kOnGpu) text += ", on cuda tensors";
+  return text;
+}
 
 /// One rank's line.
 struct alignas(64) BridgeRank {
