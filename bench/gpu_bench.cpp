@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -81,18 +82,31 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-/// Times `call` back to back: warm-up, then until `seconds` passed (bounded), per-call durations.
-template <class Call>
-std::vector<double> time_calls(const Options& o, Call&& call) {
+/// Times `call` back to back: warm-up, min_iters timed calls, then as many more as fill `seconds`
+/// (at most max_iters in all). `agree(k)` turns this rank's count into the one every rank uses
+/// (the largest; identity for one process), so that every rank makes the same collective calls:
+/// counts that each rank took from its own clock made the ranks' calls differ (the first H100 run).
+template <class Call, class Agree>
+std::vector<double> time_calls(const Options& o, Call&& call, Agree&& agree) {
   for (int i = 0; i < o.warmup; ++i) call();
   std::vector<double> usec;
-  const auto end = Clock::now() + std::chrono::duration<double>(o.seconds);
-  while (static_cast<int>(usec.size()) < o.max_iters && (static_cast<int>(usec.size()) < o.min_iters || Clock::now() < end)) {
+  auto timed = [&] {
     const auto t0 = Clock::now();
     call();
     usec.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
+  };
+  const int first = std::max(1, std::min(o.min_iters, o.max_iters));
+  for (int i = 0; i < first; ++i) timed();
+  const double per_call = std::max(1e-3, median(usec));
+  const double wanted = std::clamp(o.seconds * 1e6 / per_call, static_cast<double>(first), static_cast<double>(o.max_iters));
+  const std::int64_t total = agree(static_cast<std::int64_t>(wanted));
+  while (static_cast<std::int64_t>(usec.size()) < total) timed();
   return usec;
+}
+
+template <class Call>
+std::vector<double> time_calls(const Options& o, Call&& call) {
+  return time_calls(o, call, [](std::int64_t k) { return k; });
 }
 
 void print_row(FILE* out, const std::string& lib, const std::string& op, int ranks, std::size_t bytes, double usec,
@@ -143,25 +157,33 @@ int main(int argc, char** argv) {
     const auto count = static_cast<std::int64_t>(bytes / 4);
     Tensor in = Tensor::zeros({count}, DType::f32, Device::cuda(device));
     Tensor result = Tensor::empty({count}, DType::f32, Device::cuda(device));
+    // The number of timed calls, the same on every rank (the largest rank's wish).
+    auto agree = [&](std::int64_t k) {
+      Tensor count_tensor = Tensor::empty({1}, DType::i64);
+      count_tensor.data_ptr<std::int64_t>()[0] = k;
+      comm.allreduce(count_tensor, nodal::ReduceOp::max);
+      return count_tensor.data_ptr<std::int64_t>()[0];
+    };
     for (const std::string& op : split(o.ops)) {
       std::vector<double> usec;
       double factor = 1, traffic = 0;
       if (op == "allreduce") {
-        usec = time_calls(o, [&] { comm.allreduce(in, result); });
+        usec = time_calls(o, [&] { comm.allreduce(in, result); }, agree);
         factor = 2.0 * (n - 1) / n;
         traffic = (3.0 * n - 1) * static_cast<double>(bytes);
       } else if (op == "broadcast") {
-        usec = time_calls(o, [&] { comm.broadcast(in, 0); });
+        usec = time_calls(o, [&] { comm.broadcast(in, 0); }, agree);
         traffic = 2.0 * (n - 1) * static_cast<double>(bytes);
       } else {
         throw std::runtime_error("unknown op " + op);
       }
-      // The slowest rank's median.
+      // The slowest rank's median; the GPU call's algorithm, before the CPU allreduce below replaces it.
+      const std::string algorithm = comm.last_algorithm();
       double mine = median(usec);
       Tensor slowest = Tensor::empty({1}, DType::f64);
       slowest.data_ptr<double>()[0] = mine;
       comm.allreduce(slowest, nodal::ReduceOp::max);
-      if (r == 0) print_row(out, "nodal-" + comm.last_algorithm(), op, n, bytes, slowest.data_ptr<double>()[0], factor, traffic);
+      if (r == 0) print_row(out, "nodal-" + algorithm, op, n, bytes, slowest.data_ptr<double>()[0], factor, traffic);
     }
     comm.barrier();
     if (r == 0 && o.floors) {

@@ -37,15 +37,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def time_calls(call, seconds, min_iters, max_iters, warmup):
+def time_calls(call, seconds, min_iters, max_iters, warmup, agree):
+    """As bench/gpu_bench.cpp: warm-up, min_iters timed calls, then as many as fill `seconds`, the
+    count agreed by every rank (agree: the largest), so that all ranks make the same calls."""
     for _ in range(warmup):
         call()
     usec = []
-    end = time.perf_counter() + seconds
-    while len(usec) < max_iters and (len(usec) < min_iters or time.perf_counter() < end):
+
+    def timed():
         t0 = time.perf_counter()
         call()
         usec.append((time.perf_counter() - t0) * 1e6)
+
+    first = max(1, min(min_iters, max_iters))
+    for _ in range(first):
+        timed()
+    per_call = max(1e-3, statistics.median(usec))
+    total = agree(int(min(max(seconds * 1e6 / per_call, first), max_iters)))
+    while len(usec) < total:
+        timed()
     return usec
 
 
@@ -82,7 +92,12 @@ def worker(rank, world_size, port, args):
                 factor, traffic = 1.0, 2.0 * (n - 1) * nbytes
             else:
                 raise SystemExit(f"unknown op {op}")
-            usec = time_calls(call, args.seconds, args.min_iters, args.max_iters, args.warmup)
+            def agree(k):
+                t = torch.tensor([k], dtype=torch.int64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                return int(t.item())
+
+            usec = time_calls(call, args.seconds, args.min_iters, args.max_iters, args.warmup, agree)
             slowest = torch.tensor([statistics.median(usec)], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if rank == 0:

@@ -3,7 +3,9 @@
 
     python3 bench/peers/torch_handoff.py [--repeats N]
 
-Two processes (spawn) ping-pong one CUDA tensor over two torch.multiprocessing queues; one-way
+Two processes (spawn) ping-pong CUDA tensors over two torch.multiprocessing queues: the producer
+sends its tensor, the consumer answers with one of its own of the same size (torch refuses to send
+on a CUDA tensor received from another process: "Consider cloning before sending"); one-way
 latency = round trip / 2, median of N round trips after a warm-up, for 1 KiB to 256 MiB. Prints
 the same CSV as gpu_handoff (lib,what,bytes,usec). torch shares CUDA tensors through
 cudaIpcGetMemHandle of the caching allocator's block plus a reference-count file per block, and
@@ -19,15 +21,20 @@ SIZES = [1024, 1 << 20, 64 << 20, 256 << 20]
 WARMUP = 10
 
 
+TIMEOUT_S = 60  # a peer that died or failed to send: an error, not a hang
+
+
 def consumer(ping, pong, repeats):
     import torch
 
     torch.cuda.set_device(0)
-    for _ in SIZES:
+    for size in SIZES:
+        own = torch.empty(size, dtype=torch.uint8, device="cuda")
         for _ in range(WARMUP + repeats):
-            t = ping.get()
-            pong.put(t)
+            t = ping.get(timeout=TIMEOUT_S)
+            pong.put(own)
             del t
+        del own
 
 
 def main():
@@ -55,7 +62,7 @@ def main():
         for _ in range(WARMUP + args.repeats):
             start = time.perf_counter()
             ping.put(t)
-            back = pong.get()
+            back = pong.get(timeout=TIMEOUT_S)
             trips.append((time.perf_counter() - start) * 1e6)
             del back
         trips = trips[WARMUP:]

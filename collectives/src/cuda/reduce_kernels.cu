@@ -8,8 +8,10 @@
 //   or ones IEEE defines exactly (f32 -> f16 round to nearest even: __float2half_rn);
 // - NaNs: a GPU's arithmetic returns the canonical NaN 0x7fffffff, x86 SSE returns the first NaN
 //   operand, quieted, or the "real indefinite" 0xffc00000 when it makes a NaN from numbers
-//   (inf - inf, 0 * inf). The float ops below reproduce x86's rule with acc as the first operand,
-//   which is how GCC emits `acc + x` (a NaN result never costs more than a select);
+//   (inf - inf, 0 * inf). The float ops below apply x86's rule with acc as the first operand (a
+//   NaN result never costs more than a select). GCC may commute `acc + x`, so the CPU path can pass
+//   on the other operand's payload: the H100 run (2026-11-27) saw both; results are equal NaN
+//   payloads aside, as communicator.hpp says;
 // - min and max are the CPU's selections (b < a ? b : a, a < b ? b : a): a NaN survives only as the
 //   first operand, -0 and +0 keep the first;
 // - integers: sum, prod and avg in 64-bit wrap-around unsigned arithmetic, avg = the sum read as
