@@ -10,7 +10,9 @@
 //   python3 bench/peers/torch_gpu_bench.py --ranks 2,4,8 --sizes 4KiB,1MiB,64MiB >> gpu.csv
 //
 // Columns: lib,op,ranks,bytes,usec,algbw_GBps,busbw_GBps,hbm_fraction (bench/nodal_bench.cpp's
-// plus one). usec: the median over back-to-back calls of the slowest rank's median (each call is
+// plus one). --ops allreduce-inplace adds in-place allreduce rows (lib "nodal-<path>-inplace"), the
+// pairing for bench/peers/torch_nccl_bench.py: torch's all_reduce is in place, and a one-rank
+// in-place NCCL allreduce copies nothing. usec: the median over back-to-back calls of the slowest rank's median (each call is
 // synchronous: it returns once the result is on the GPU). algbw = bytes / usec; busbw as NCCL's
 // tests (allreduce x 2(n-1)/n, broadcast x 1).
 // hbm_fraction = traffic / time / 3e12 (the H100's ~3 TB/s of D2D copy traffic), with the traffic
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"nodal-gpu-bench: allreduce/broadcast of cuda tensors (run under nodalrun --gpus)"};
   app.add_option("--sizes", o.sizes, "bytes per rank, comma-separated (4KiB,1MiB,64MiB)");
-  app.add_option("--ops", o.ops, "allreduce,broadcast");
+  app.add_option("--ops", o.ops, "allreduce,allreduce-inplace,broadcast (default allreduce,broadcast)");
   app.add_option("--seconds", o.seconds, "timed time per size");
   app.add_option("--min-iters", o.min_iters);
   app.add_option("--max-iters", o.max_iters);
@@ -167,10 +169,16 @@ int main(int argc, char** argv) {
     for (const std::string& op : split(o.ops)) {
       std::vector<double> usec;
       double factor = 1, traffic = 0;
+      std::string suffix;
       if (op == "allreduce") {
         usec = time_calls(o, [&] { comm.allreduce(in, result); }, agree);
         factor = 2.0 * (n - 1) / n;
         traffic = (3.0 * n - 1) * static_cast<double>(bytes);
+      } else if (op == "allreduce-inplace") {  // torch.distributed's all_reduce is in place only
+        usec = time_calls(o, [&] { comm.allreduce(in); }, agree);
+        factor = 2.0 * (n - 1) / n;
+        traffic = (3.0 * n - 1) * static_cast<double>(bytes);
+        suffix = "-inplace";
       } else if (op == "broadcast") {
         usec = time_calls(o, [&] { comm.broadcast(in, 0); }, agree);
         traffic = 2.0 * (n - 1) * static_cast<double>(bytes);
@@ -183,7 +191,7 @@ int main(int argc, char** argv) {
       Tensor slowest = Tensor::empty({1}, DType::f64);
       slowest.data_ptr<double>()[0] = mine;
       comm.allreduce(slowest, nodal::ReduceOp::max);
-      if (r == 0) print_row(out, "nodal-" + algorithm, op, n, bytes, slowest.data_ptr<double>()[0], factor, traffic);
+      if (r == 0) print_row(out, "nodal-" + algorithm + suffix, suffix.empty() ? op : "allreduce", n, bytes, slowest.data_ptr<double>()[0], factor, traffic);
     }
     comm.barrier();
     if (r == 0 && o.floors) {
