@@ -104,6 +104,9 @@ class NodeAgent {
   void progress_p2p();
   /// Whether send/recv across nodes needs the agent to poll rather than sleep.
   bool p2p_busy() const { return relay_ && relay_->busy(); }
+  /// Whether a message moved across nodes in the last kP2PHot: the agent then yields between
+  /// polls instead of napping, since the next message of a ping-pong follows within microseconds.
+  bool p2p_hot() const;
   /// Ends the relay (the arena is about to go): moves the last answers when the ranks are done
   /// (`ranks_done`), then cancels what the engine holds.
   void end_p2p(bool ranks_done);
@@ -145,6 +148,8 @@ class NodeAgent {
   std::vector<std::chrono::steady_clock::time_point> last_heard_;
   std::chrono::steady_clock::time_point last_beat_{};
   std::unique_ptr<P2PRelay> relay_;  ///< while serving
+  std::uint64_t p2p_activity_ = 0;   ///< relay_->activity() when progress_p2p() last looked
+  std::chrono::steady_clock::time_point p2p_hot_until_{};
   /// Relay notices that came before this node serves (its ranks start later than another node's).
   std::deque<std::pair<int, std::string>> early_p2p_;
   bool p2p_ended_ = false;  ///< the relay has ended: its notices are dropped

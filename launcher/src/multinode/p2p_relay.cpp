@@ -134,9 +134,11 @@ void P2PRelay::reply(const Pair& p, std::uint8_t kind) {
   c.to = p.to;
   c.message = p.message;
   engine_.send_notice(p.peer_node, std::string_view(reinterpret_cast<const char*>(&c), sizeof c));
+  ++activity_;
 }
 
 void P2PRelay::on_notice(int from_node, std::string_view notice) {
+  ++activity_;
   static_assert(sizeof(Control) + detail::kP2PNameBytes + kInlineBytes <= InterNode::kNoticeBytes,
                 "a header with its inline data fits in a notice (InterNode::poll_notice)");
   Control c;
@@ -244,6 +246,7 @@ void P2PRelay::progress_outbound(Pair& p) {
     notice.append(name);
     if (inlined) notice.append(reinterpret_cast<const char*>(ch.entry(0)), bytes);
     engine_.send_notice(p.peer_node, notice);
+    ++activity_;
     p.state = Pair::State::offered;
     return;
   }
@@ -253,6 +256,7 @@ void P2PRelay::progress_outbound(Pair& p) {
     const std::uint64_t cookie = next_cookie_++;
     operations_[cookie] = {&p, p.posted};
     engine_.p2p_isend(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
+    ++activity_;
     ++p.posted;
   }
   // Done once every chunk has left and the receiver's agent says the rank has it all.
@@ -282,6 +286,7 @@ void P2PRelay::progress_inbound(Pair& p) {
         const std::uint64_t cookie = next_cookie_++;
         operations_[cookie] = {&p, p.posted};
         engine_.p2p_irecv(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
+        ++activity_;
         ++p.posted;
       }
       if (p.completed == p.chunks) p.state = Pair::State::finishing;
@@ -327,6 +332,7 @@ void P2PRelay::progress() {
   discover();
   completed_.clear();
   if (!operations_.empty()) engine_.p2p_completed(completed_);
+  activity_ += completed_.size();
   for (std::uint64_t cookie : completed_) complete(cookie);
   for (const auto& p : pairs_) {
     if (p->outbound) {

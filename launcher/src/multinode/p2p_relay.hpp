@@ -65,6 +65,9 @@ class P2PRelay {
   /// Whether progress() should be called again soon rather than after a sleep: a rank is in a
   /// send/recv with another node, or a message is under way.
   bool busy() const;
+  /// A count that grows each time a message moves (a notice arrives or is sent, a chunk is posted
+  /// or completes): the agent stays hot (yields rather than naps) for a while after it grows.
+  std::uint64_t activity() const { return activity_; }
   /// The job is ending: cancels the engine's operations so it holds no arena memory. False when
   /// the engine may still hold some.
   bool cancel();
@@ -93,6 +96,7 @@ class P2PRelay {
   std::unordered_map<std::uint64_t, std::pair<Pair*, std::uint64_t>> operations_;  ///< cookie -> pair, chunk
   std::uint64_t next_cookie_ = 1;
   std::vector<std::uint64_t> completed_;
+  std::uint64_t activity_ = 0;
 };
 
 }  // namespace nodal::launcher
