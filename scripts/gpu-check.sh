@@ -253,22 +253,14 @@ step_bench() {
     probe "nodal-gpu-bench $n ranks" 150 "$nodalrun" -n "$n" --gpus 0 --ranks-per-gpu "$n" "$build/bench/nodal-gpu-bench" \
       --csv "$tmp/gpu.csv" || ok=1
   done
-  # The same with MPS, where the machine has it: ranks sharing a GPU then run kernels side by side
-  # instead of time-slicing it (2026-11-27, H200: 8 ranks at 4 KiB 2230 -> 99 us).
+  # The same under nodalrun --mps (a job-private MPS daemon), where the machine has MPS: ranks
+  # sharing a GPU then run kernels side by side instead of time-slicing it (2026-11-27, H200, a
+  # daemon started by hand: 8 ranks at 4 KiB 2230 -> 99 us).
   if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-    local mps_dir="$tmp/mps"
-    mkdir -p "$mps_dir/pipe" "$mps_dir/log"
-    export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
-    if probe "MPS control daemon started" 20 nvidia-cuda-mps-control -d; then
-      for n in 2 4 8; do
-        probe "nodal-gpu-bench $n ranks, MPS" 150 "$nodalrun" -n "$n" --gpus 0 --ranks-per-gpu "$n" \
-          "$build/bench/nodal-gpu-bench" --csv "$tmp/gpu-mps.csv" || ok=1
-      done
-      echo quit | timeout 20 nvidia-cuda-mps-control
-    else
-      ok=1
-    fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    for n in 2 4 8; do
+      probe "nodal-gpu-bench $n ranks, --mps" 150 "$nodalrun" -n "$n" --gpus 0 --ranks-per-gpu "$n" --mps \
+        "$build/bench/nodal-gpu-bench" --csv "$tmp/gpu-mps.csv" || ok=1
+    done
   else
     note "MPS: nvidia-cuda-mps-control not found, the MPS rows are not measured"
   fi

@@ -205,6 +205,10 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
   CLI::Option* ranks_per_gpu =
       values.add("--ranks-per-gpu", "K", options.ranks_per_gpu, ranks,
                  "consecutive ranks that share one GPU (default 1)", whole_number(1, kMaxRanks));
+  CLI::Option* mps = app.add_flag("--mps", options.mps,
+                                  "start an MPS control daemon of the job's own (nvidia-cuda-mps-control -d, in a "
+                                  "fresh directory) so that ranks sharing a GPU run side by side instead of "
+                                  "time-slicing it; stopped when the job ends, however nodalrun ends (needs --gpus)");
   CLI::Option* stall_timeout = values.add(
       "--stall-timeout", "SECONDS", options.stall_timeout_seconds, positive_seconds,
       "when no rank has made progress in a nodal call for SECONDS while one waits, print what every rank waits for "
@@ -246,6 +250,7 @@ std::optional<Options> parse_command_line(int argc, char** argv) {
     throw UsageError(values.explain(e));
   }
   if (ranks_per_gpu->count() > 0 && !options.gpus) throw UsageError("--ranks-per-gpu needs --gpus");
+  if (mps->count() > 0 && !options.gpus) throw UsageError("--mps needs --gpus");
   if (stall_action->count() > 0 && stall_timeout->count() == 0) {
     throw UsageError("--stall-action needs --stall-timeout");
   }

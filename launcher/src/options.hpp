@@ -40,6 +40,7 @@ struct Options {
   /// unset: the ranks get nodalrun's own CUDA_VISIBLE_DEVICES, and no NODAL_DEVICE.
   std::optional<std::string> gpus;
   int ranks_per_gpu = 1;  ///< --ranks-per-gpu: consecutive ranks sharing one GPU (needs --gpus)
+  bool mps = false;       ///< --mps: the job's own CUDA MPS control daemon (mps.hpp; needs --gpus)
   /// --stall-timeout SECONDS: 0 none. A job in which no rank has made progress in a nodal call for
   /// this long while one waits is stalled (a deadlock, or a rank that never calls in).
   double stall_timeout_seconds = 0;

@@ -141,6 +141,11 @@ void Supervisor::set_up() {
     gpus_ = assign_gpus(*options_.gpus, options_.nprocs, options_.ranks_per_gpu,
                         visible ? std::optional<std::string>(visible) : std::nullopt, count_gpus());
     note(fmt::format("GPUs assigned (CUDA_VISIBLE_DEVICES={})", gpus_->visible_devices), step);
+    if (options_.mps) {  // before any descriptor of the job exists: the daemon outlives nothing of it
+      step = Clock::now();
+      mps_ = std::make_unique<MpsDaemon>(gpus_->visible_devices);
+      note(fmt::format("MPS control daemon started ({})", mps_->directory()), step);
+    }
   }
   started_ = Clock::now();
   job_id_ = attempt_.job_id;
@@ -229,6 +234,7 @@ std::vector<std::string> Supervisor::base_environment() const {
     std::string_view entry(*e);
     std::string name(entry.substr(0, entry.find('=')));
     const bool gpus_set = name == kEnvCudaVisibleDevices || name == kEnvCudaDeviceOrder;
+    const bool mps_set = name == "CUDA_MPS_PIPE_DIRECTORY" || name == "CUDA_MPS_LOG_DIRECTORY";
     // An outer launcher's wire-up (nodalrun started by srun --mpi=pmix or mpirun) is not the
     // ranks': across nodes it is the agent's alone (a rank that found it would take itself for the
     // agent), and under --mpi a rank's is nodalrun's own. Across nodes Open MPI's per-process
@@ -237,7 +243,10 @@ std::vector<std::string> Supervisor::base_environment() const {
     const bool launchers = (agent_ && (wireup || name.starts_with("OMPI_") || name == "SLURM_PROCID" ||
                                        name == "SLURM_LOCALID" || name == "SLURM_NTASKS" || name == "SLURM_NPROCS")) ||
                            (mpi_ && wireup);
-    if (!ours.count(name) && !(gpus_ && gpus_set) && !launchers) env.emplace_back(entry);
+    if (!ours.count(name) && !(gpus_ && gpus_set) && !(mps_ && mps_set) && !launchers) env.emplace_back(entry);
+  }
+  if (mps_) {
+    for (std::string& item : mps_->environment()) env.push_back(std::move(item));
   }
   for (const std::string& item : options_.exports) {
     if (item.find('=') != std::string::npos) {

@@ -11,6 +11,7 @@
 #include "fd_registry.hpp"
 #include "gpu_assignment.hpp"
 #include "job.hpp"
+#include "mps.hpp"
 #include "multinode/node_agent.hpp"
 #include "options.hpp"
 #include "placement.hpp"
@@ -87,6 +88,7 @@ class Supervisor {
   Attempt attempt_;
   Clock::time_point ended_{};
   std::optional<GpuAssignment> gpus_;  ///< --gpus
+  std::unique_ptr<MpsDaemon> mps_;     ///< --mps: the job's MPS control daemon, stopped last
   FdRegistry fd_registry_;
   std::string job_id_;
   Placement placement_;

@@ -3,6 +3,7 @@
 
 #include <boost/json/src.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "../support/child_process.hpp"
 #include "../support/paths.hpp"
@@ -260,6 +262,109 @@ TEST(Gpus, RankRefusesAMalformedNodalDevice) {
   ChildResult r = run({kRankProgram, "gpu"}, 60s, {"NODAL_DEVICE=first"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("NODAL_DEVICE='first' is not a non-negative integer"), std::string::npos) << r.err;
+}
+
+// --mps against tests/support/fake_mps/nvidia-cuda-mps-control, which keeps the real program's
+// interface (-d; get_server_list and quit on stdin) and records what it was asked.
+struct FakeMps {
+  std::string dir = temp_dir("nodal-fake-mps");
+  std::string record = dir + "/record";
+  std::vector<std::string> env(bool fail = false) const {
+    return {std::string("PATH=") + NODAL_TEST_FAKE_MPS_DIR + ":" + std::getenv("PATH"), "FAKE_MPS_RECORD=" + record,
+            "TMPDIR=" + dir, "CUDA_VISIBLE_DEVICES=0", std::string("FAKE_MPS_FAIL=") + (fail ? "1" : "0"),
+            "CUDA_MPS_PIPE_DIRECTORY=/nonexistent/nodalrun-must-replace-this"};
+  }
+  std::vector<std::string> lines() const {
+    std::ifstream in(record);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  }
+  /// The job's daemon directories under TMPDIR (nodal-mps-*).
+  std::vector<std::string> job_dirs() const {
+    std::vector<std::string> out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().filename().string().starts_with("nodal-mps-")) out.push_back(entry.path().string());
+    }
+    return out;
+  }
+  pid_t daemon_pid() const {
+    for (const std::string& line : lines()) {
+      if (line.starts_with("daemon ")) return std::stoi(line.substr(7));
+    }
+    return -1;
+  }
+  ~FakeMps() { std::filesystem::remove_all(dir); }
+};
+
+TEST(Gpus, MpsStartsADaemonOfTheJobGivesItToEveryRankAndStopsIt) {
+  FakeMps mps;
+  ChildResult r = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "4", "--ranks-per-gpu", "4", kRankProgram, "gpu"}),
+                      60s, mps.env());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> lines = mps.lines();
+  ASSERT_GE(lines.size(), 3u) << r.err;
+  static const std::regex start(R"(^start pipe=(\S+/nodal-mps-\w+)/pipe log=(\S+)/log visible=0$)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(lines[0], m, start)) << lines[0];
+  const std::string job_dir = m[1];
+  EXPECT_EQ(m[2], job_dir);
+  EXPECT_EQ(job_dir.rfind(mps.dir, 0), 0u) << "under TMPDIR: " << job_dir;
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 4u) << r.out;
+  for (int rank = 0; rank < 4; ++rank) {  // nodalrun's own CUDA_MPS_PIPE_DIRECTORY is replaced
+    EXPECT_EQ(env[rank]["CUDA_MPS_PIPE_DIRECTORY"], job_dir + "/pipe") << rank;
+    EXPECT_EQ(env[rank]["CUDA_MPS_LOG_DIRECTORY"], job_dir + "/log") << rank;
+  }
+  EXPECT_EQ(lines.back(), "quit pipe=" + job_dir + "/pipe");
+  EXPECT_TRUE(mps.job_dirs().empty()) << "the job's MPS directory is removed";
+  EXPECT_TRUE(wait_until_gone({mps.daemon_pid()}, 5s)) << "the daemon stopped";
+}
+
+TEST(Gpus, MpsDaemonStopsWhenNodalrunIsKilled) {
+  FakeMps mps;
+  ChildProcess job(nodalrun_command({"--gpus", "all", "--mps", "-n", "2", "--ranks-per-gpu", "2", kRankProgram, "hang"}),
+                   mps.env());
+  ASSERT_TRUE(job.wait_for_output([](const std::string& out, const std::string&) { return ready_ranks(out).size() == 2; },
+                                  20s))
+      << job.out();
+  const pid_t daemon = mps.daemon_pid();
+  ASSERT_GT(daemon, 0);
+  ASSERT_TRUE(process_exists(daemon, false));
+  job.send_signal(SIGKILL);
+  job.wait(10s);
+  EXPECT_TRUE(wait_until_gone({daemon}, 10s)) << "the guard sent quit";
+  for (int i = 0; i < 100 && !mps.job_dirs().empty(); ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(mps.job_dirs().empty());
+  EXPECT_TRUE(mps.lines().back().starts_with("quit ")) << mps.lines().back();
+}
+
+TEST(Gpus, MpsThatCannotStartFailsTheJobSayingWhyAndLeavesNothing) {
+  FakeMps mps;
+  ChildResult r = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "2", "--ranks-per-gpu", "2", kRankProgram, "gpu"}),
+                      60s, mps.env(/*fail=*/true));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--mps: `" NODAL_TEST_FAKE_MPS_DIR "/nvidia-cuda-mps-control -d` exited with code 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("fake MPS: cannot start: no device supports MPS"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.out, "CUDA_VISIBLE_DEVICES="), 0) << "no rank ran: " << r.out;
+  for (int i = 0; i < 100 && !mps.job_dirs().empty(); ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(mps.job_dirs().empty());
+}
+
+TEST(Gpus, MpsWithoutTheControlProgramOrWithoutGpusIsAUsageError) {
+  FakeMps mps;
+  ChildResult missing = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "2", "--ranks-per-gpu", "2", kRankProgram, "gpu"}),
+                            60s, {"PATH=" + mps.dir, "CUDA_VISIBLE_DEVICES=0", "TMPDIR=" + mps.dir});
+  EXPECT_EQ(missing.exit_code, 2) << missing.err;
+  EXPECT_NE(missing.err.find("--mps: nvidia-cuda-mps-control: command not found on PATH (it comes with the NVIDIA driver)"),
+            std::string::npos)
+      << missing.err;
+  EXPECT_TRUE(mps.job_dirs().empty());
+  ChildResult no_gpus = run(nodalrun_command({"--mps", "-n", "2", kRankProgram, "gpu"}));
+  EXPECT_EQ(no_gpus.exit_code, 2);
+  EXPECT_NE(no_gpus.err.find("--mps needs --gpus"), std::string::npos) << no_gpus.err;
 }
 
 TEST(Launcher, VerboseSaysWhatTheSetUpDidAndHowLongItTook) {

@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "gpu") {  // what nodalrun --gpus gave this rank
-    for (const char* name : {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NODAL_DEVICE", "NODAL_FORKSERVER_DEVICES"}) {
+    for (const char* name : {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NODAL_DEVICE", "NODAL_FORKSERVER_DEVICES",
+                             "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"}) {
       const char* value = std::getenv(name);
       std::printf("%s=%s\n", name, value ? value : "<unset>");
     }
