@@ -85,9 +85,10 @@ double median(std::vector<double> v) {
 }
 
 /// Times `call` back to back: warm-up, min_iters timed calls, then as many more as fill `seconds`
-/// (at most max_iters in all). `agree(k)` turns this rank's count into the one every rank uses
-/// (the largest; identity for one process), so that every rank makes the same collective calls:
-/// counts that each rank took from its own clock made the ranks' calls differ (the first H100 run).
+/// (at most max_iters, plus one after agreeing). `agree(k)` turns this rank's count into the one
+/// every rank uses (the largest; identity for one process), so that every rank makes the same
+/// collective calls: counts that each rank took from its own clock made the ranks' calls differ
+/// (the first H100 run).
 template <class Call, class Agree>
 std::vector<double> time_calls(const Options& o, Call&& call, Agree&& agree) {
   for (int i = 0; i < o.warmup; ++i) call();
@@ -101,7 +102,9 @@ std::vector<double> time_calls(const Options& o, Call&& call, Agree&& agree) {
   for (int i = 0; i < first; ++i) timed();
   const double per_call = std::max(1e-3, median(usec));
   const double wanted = std::clamp(o.seconds * 1e6 / per_call, static_cast<double>(first), static_cast<double>(o.max_iters));
-  const std::int64_t total = agree(static_cast<std::int64_t>(wanted));
+  // At least one timed call after agree(): the last call made is then a timed one, whose path
+  // last_algorithm() names (agree's own collective runs on the CPU).
+  const std::int64_t total = std::max<std::int64_t>(agree(static_cast<std::int64_t>(wanted)), first + 1);
   while (static_cast<std::int64_t>(usec.size()) < total) timed();
   return usec;
 }
@@ -128,8 +131,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", o.sizes, "bytes per rank, comma-separated (4KiB,1MiB,64MiB)");
   app.add_option("--ops", o.ops, "allreduce,allreduce-inplace,broadcast (default allreduce,broadcast)");
   app.add_option("--seconds", o.seconds, "timed time per size");
-  app.add_option("--min-iters", o.min_iters);
-  app.add_option("--max-iters", o.max_iters);
+  app.add_option("--min-iters", o.min_iters)->check(CLI::PositiveNumber);
+  app.add_option("--max-iters", o.max_iters)->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup);
   app.add_flag("!--no-floors", o.floors, "skip the cudaMemcpy and one-rank NCCL floors");
   app.add_option("--csv", o.csv, "rank 0 appends rows to FILE (default stdout)");

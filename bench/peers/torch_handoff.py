@@ -35,6 +35,8 @@ def consumer(ping, pong, repeats):
             pong.put(own)
             del t
         del own
+    # The producer may still be opening our last tensor: exit only once it says it is done.
+    ping.get(timeout=TIMEOUT_S)
 
 
 def main():
@@ -68,6 +70,7 @@ def main():
         trips = trips[WARMUP:]
         print(f"torch,mp_queue_one_way,{size},{statistics.median(trips) / 2:.2f}", flush=True)
         del t
+    ping.put(None)  # done: the consumer may free its tensors and exit
     peer.join()
     return 0
 

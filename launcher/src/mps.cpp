@@ -14,11 +14,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -100,8 +102,8 @@ pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   return pid;
 }
 
-/// Runs the control program with `command` on its standard input; its exit code, or nullopt when
-/// it did not exit within `limit` (then it is killed).
+/// Runs the control program with `command` on its standard input, its output going to
+/// `out_path`; its exit code, or nullopt when it did not exit within `limit` (then it is killed).
 std::optional<int> control_command(const std::string& control, const std::string& command,
                                    const std::vector<std::string>& env, const std::string& out_path,
                                    Clock::duration limit) {
@@ -117,7 +119,7 @@ std::optional<int> control_command(const std::string& control, const std::string
   }
   ::close(fds[0]);
   const std::string line = command + "\n";
-  detail::write_all(fds[1], line);
+  (void)detail::write_all(fds[1], line);  // EPIPE (SIGPIPE is ignored): it exited without reading
   ::close(fds[1]);
   std::optional<int> code = wait_for(pid, limit);
   if (!code) {
@@ -125,6 +127,17 @@ std::optional<int> control_command(const std::string& control, const std::string
     wait_for(pid, std::chrono::seconds(1));
   }
   return code;
+}
+
+/// Whether the daemon answered `get_server_list`: exit code 0 and not the client's "Cannot find
+/// MPS control daemon process" (whatever exit code the client gives with it).
+bool daemon_answers(const std::string& control, const std::vector<std::string>& env, const std::string& dir) {
+  const std::string answer = dir + "/answer.out";
+  std::filesystem::remove(answer);
+  const std::optional<int> code = control_command(control, "get_server_list", env, answer, std::chrono::seconds(2));
+  std::ifstream in(answer);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return code && *code == 0 && text.find("Cannot find") == std::string::npos;
 }
 
 /// The last lines of the daemon's output and log, for an error message.
@@ -145,6 +158,10 @@ std::string tail_of_output(const std::string& dir) {
 }  // namespace
 
 MpsDaemon::MpsDaemon(const std::string& visible_devices) {
+  // A control client that exits before reading its command must not end nodalrun (which ignores
+  // SIGPIPE from its set-up on anyway).
+  ::signal(SIGPIPE, SIG_IGN);
+  gpus_ = 1 + static_cast<int>(std::count(visible_devices.begin(), visible_devices.end(), ','));
   try {
     control_ = resolve_program(kControl);
   } catch (const ProgramError& e) {
@@ -161,10 +178,13 @@ MpsDaemon::MpsDaemon(const std::string& visible_devices) {
     for (char** e = environ; *e; ++e) {
       const std::string_view entry(*e);
       const std::string_view name = entry.substr(0, entry.find('='));
-      if (name != kPipeVar && name != kLogVar && name != "CUDA_VISIBLE_DEVICES") env.emplace_back(entry);
+      if (name != kPipeVar && name != kLogVar && name != "CUDA_VISIBLE_DEVICES" && name != "CUDA_DEVICE_ORDER") {
+        env.emplace_back(entry);
+      }
     }
     for (std::string& e : environment()) env.push_back(std::move(e));
     env.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices);
+    env.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");  // nodalrun's numbering (/proc/driver/nvidia/gpus)
     const std::string out = dir_ + "/control.out";
 
     // The guard first: from here on, whatever happens, the daemon is stopped and dir_ removed.
@@ -181,18 +201,20 @@ MpsDaemon::MpsDaemon(const std::string& visible_devices) {
     guard_pipe_ = fds[1];
 
     const auto until = Clock::now() + kStartLimit;
-    const pid_t starter = spawn({control_, "-d"}, env, -1, out, false);
+    // In its own process group: a Ctrl-C to the terminal must not end it while the ranks stop.
+    const pid_t starter = spawn({control_, "-d"}, env, -1, out, true);
     const std::optional<int> started = wait_for(starter, kStartLimit);
     if (!started || *started != 0) {
-      if (!started) ::kill(starter, SIGKILL);
+      if (!started) {
+        ::kill(starter, SIGKILL);
+        wait_for(starter, std::chrono::seconds(1));
+      }
       throw Error(fmt::format("--mps: `{} -d` {}:{}", control_,
                               started ? fmt::format("exited with code {}", *started) : std::string("did not return in 10 s"),
                               tail_of_output(dir_)));
     }
     for (;;) {  // the daemon answers: a rank's first CUDA call will find it
-      const std::optional<int> answer =
-          control_command(control_, "get_server_list", env, out, std::chrono::seconds(2));
-      if (answer && *answer == 0) break;
+      if (daemon_answers(control_, env, dir_)) break;
       if (Clock::now() >= until) {
         throw Error(fmt::format("--mps: the MPS control daemon did not answer within 10 s:{}", tail_of_output(dir_)));
       }
@@ -222,6 +244,12 @@ void MpsDaemon::stop() {
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);  // no guard started: nothing else removes it
   }
+}
+
+std::string MpsDaemon::client_visible_devices() const {
+  std::string list = "0";
+  for (int i = 1; i < gpus_; ++i) list += fmt::format(",{}", i);
+  return list;
 }
 
 std::vector<std::string> MpsDaemon::environment() const {

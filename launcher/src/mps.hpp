@@ -13,6 +13,9 @@
 // - `quit` on the control program's standard input stops the daemon and its servers.
 // - nodalrun gives the daemon a fresh directory under TMPDIR, so the job neither needs nor
 //   disturbs a machine-wide daemon, and passes both variables to every rank.
+// - The daemon gets the job's GPUs as CUDA_VISIBLE_DEVICES, in PCI bus order. Its server shows
+//   them to its clients renumbered from 0 (the guide's appendix on CUDA_VISIBLE_DEVICES), so
+//   the ranks get 0..k-1, and NODAL_DEVICE, an index into the list, keeps its meaning.
 //
 // No orphan, SIGKILL included: the daemon is stopped by a guard (/bin/sh, in its own process
 // group, ignoring SIGINT/SIGTERM/SIGHUP). The guard reads a pipe from nodalrun until end of file,
@@ -42,6 +45,8 @@ class MpsDaemon {
 
   /// CUDA_MPS_PIPE_DIRECTORY=... and CUDA_MPS_LOG_DIRECTORY=..., for every rank's environment.
   std::vector<std::string> environment() const;
+  /// The ranks' CUDA_VISIBLE_DEVICES: "0,1,...,k-1" for the daemon's k GPUs.
+  std::string client_visible_devices() const;
   /// The directory that holds the pipe and log directories.
   const std::string& directory() const noexcept { return dir_; }
 
@@ -50,6 +55,7 @@ class MpsDaemon {
 
   std::string control_;  ///< the path of nvidia-cuda-mps-control
   std::string dir_;
+  int gpus_ = 0;  ///< how many GPUs the daemon was given
   pid_t guard_ = -1;
   int guard_pipe_ = -1;  ///< nodalrun's write end; the guard acts at its end of file
 };

@@ -281,7 +281,8 @@ std::vector<std::string> Supervisor::base_environment() const {
   set(kEnvTorchelasticMaxRestarts, std::to_string(options_.max_restarts));
   if (options_.verbose) set(kEnvVerbose, "1");
   if (gpus_) {
-    set(kEnvCudaVisibleDevices, gpus_->visible_devices);
+    // Under MPS the server shows its clients the daemon's GPUs renumbered from 0 (mps.hpp).
+    set(kEnvCudaVisibleDevices, mps_ ? mps_->client_visible_devices() : gpus_->visible_devices);
     set(kEnvCudaDeviceOrder, "PCI_BUS_ID");  // the numbering of /proc/driver/nvidia/gpus
   }
   return env;

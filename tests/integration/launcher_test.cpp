@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -271,7 +272,7 @@ struct FakeMps {
   std::string record = dir + "/record";
   std::vector<std::string> env(bool fail = false) const {
     return {std::string("PATH=") + NODAL_TEST_FAKE_MPS_DIR + ":" + std::getenv("PATH"), "FAKE_MPS_RECORD=" + record,
-            "TMPDIR=" + dir, "CUDA_VISIBLE_DEVICES=0", std::string("FAKE_MPS_FAIL=") + (fail ? "1" : "0"),
+            "TMPDIR=" + dir, "CUDA_VISIBLE_DEVICES=3,5", std::string("FAKE_MPS_FAIL=") + (fail ? "1" : "0"),
             "CUDA_MPS_PIPE_DIRECTORY=/nonexistent/nodalrun-must-replace-this"};
   }
   std::vector<std::string> lines() const {
@@ -299,12 +300,12 @@ struct FakeMps {
 
 TEST(Gpus, MpsStartsADaemonOfTheJobGivesItToEveryRankAndStopsIt) {
   FakeMps mps;
-  ChildResult r = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "4", "--ranks-per-gpu", "4", kRankProgram, "gpu"}),
+  ChildResult r = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "4", "--ranks-per-gpu", "2", kRankProgram, "gpu"}),
                       60s, mps.env());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::vector<std::string> lines = mps.lines();
   ASSERT_GE(lines.size(), 3u) << r.err;
-  static const std::regex start(R"(^start pipe=(\S+/nodal-mps-\w+)/pipe log=(\S+)/log visible=0$)");
+  static const std::regex start(R"(^start pipe=(\S+/nodal-mps-\w+)/pipe log=(\S+)/log visible=3,5 order=PCI_BUS_ID$)");
   std::smatch m;
   ASSERT_TRUE(std::regex_match(lines[0], m, start)) << lines[0];
   const std::string job_dir = m[1];
@@ -315,7 +316,12 @@ TEST(Gpus, MpsStartsADaemonOfTheJobGivesItToEveryRankAndStopsIt) {
   for (int rank = 0; rank < 4; ++rank) {  // nodalrun's own CUDA_MPS_PIPE_DIRECTORY is replaced
     EXPECT_EQ(env[rank]["CUDA_MPS_PIPE_DIRECTORY"], job_dir + "/pipe") << rank;
     EXPECT_EQ(env[rank]["CUDA_MPS_LOG_DIRECTORY"], job_dir + "/log") << rank;
+    // The MPS server shows the daemon's GPUs 3 and 5 to its clients as 0 and 1.
+    EXPECT_EQ(env[rank]["CUDA_VISIBLE_DEVICES"], "0,1") << rank;
+    EXPECT_EQ(env[rank]["NODAL_DEVICE"], std::to_string(rank / 2)) << rank;
   }
+  // The daemon answered only after it started (0.3 s): nodalrun waited for it.
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "get_server_list: no daemon yet"), lines.end());
   EXPECT_EQ(lines.back(), "quit pipe=" + job_dir + "/pipe");
   EXPECT_TRUE(mps.job_dirs().empty()) << "the job's MPS directory is removed";
   EXPECT_TRUE(wait_until_gone({mps.daemon_pid()}, 5s)) << "the daemon stopped";
@@ -356,7 +362,7 @@ TEST(Gpus, MpsThatCannotStartFailsTheJobSayingWhyAndLeavesNothing) {
 TEST(Gpus, MpsWithoutTheControlProgramOrWithoutGpusIsAUsageError) {
   FakeMps mps;
   ChildResult missing = run(nodalrun_command({"--gpus", "all", "--mps", "-n", "2", "--ranks-per-gpu", "2", kRankProgram, "gpu"}),
-                            60s, {"PATH=" + mps.dir, "CUDA_VISIBLE_DEVICES=0", "TMPDIR=" + mps.dir});
+                            60s, {"PATH=" + mps.dir, "CUDA_VISIBLE_DEVICES=3,5", "TMPDIR=" + mps.dir});
   EXPECT_EQ(missing.exit_code, 2) << missing.err;
   EXPECT_NE(missing.err.find("--mps: nvidia-cuda-mps-control: command not found on PATH (it comes with the NVIDIA driver)"),
             std::string::npos)
