@@ -37,6 +37,10 @@ Logs: one per step in $OUT (default build/gpu/check): env.log build.log smoke.lo
 tests-more.log bench.log and summary.txt (7 files: the device tool brings back at most 8).
 Exit status: 0 when every step run passed, 1 when one failed, 3 when no GPU check can run here.
 
+NODAL_GPU_PREBUILT=DIR: the build step unpacks scripts/gpu-pack.sh's output (made on a machine
+without a GPU, carried to this one) in seconds instead of building; the bench step then also runs
+the main job on DIR/data (Fashion-MNIST), --device cuda and cpu.
+
 With the device tool (its machine goes back after 30 s idle, and build/gpu with it), run the
 build in the same command as what needs it:
   scripts/gpu-check.sh env build smoke tests
@@ -177,6 +181,10 @@ step_env() {
 }
 
 step_build() {
+  if [ -n "${NODAL_GPU_PREBUILT:-}" ]; then
+    build_prebuilt
+    return
+  fi
   # Examples (fashion_mnist: Eigen and zlib) when their headers exist: its GPU test needs it.
   local examples=ON
   if [ ! -e /usr/include/zlib.h ] || [ ! -d /usr/include/eigen3 ]; then
@@ -191,6 +199,47 @@ step_build() {
     grep -B2 -A10 -m5 'error' "$out/build.log" >&2
     return 1
   }
+}
+
+# NODAL_GPU_PREBUILT=DIR (scripts/gpu-pack.sh's output): unpacks DIR's build instead of building.
+# The binaries hold the absolute paths of the checkout they were built in: where this checkout is
+# elsewhere, a link at that path leads here.
+build_prebuilt() {
+  local source_dir
+  source_dir=$(cat "$NODAL_GPU_PREBUILT/source-dir") || return 1
+  if [ "$build" != build/gpu ]; then
+    echo "NODAL_GPU_PREBUILT holds build/gpu: leave NODAL_GPU_BUILD unset"
+    return 1
+  fi
+  if [ "$source_dir" != "$PWD" ] && [ ! -e "$source_dir" ]; then
+    mkdir -p "$(dirname "$source_dir")" && ln -s "$PWD" "$source_dir" || return 1
+    note "linked $source_dir -> $PWD (the prebuilt binaries' paths)"
+  fi
+  probe "unpack $NODAL_GPU_PREBUILT/build-gpu.tar.gz" 120 tar -xzf "$NODAL_GPU_PREBUILT/build-gpu.tar.gz" -C build || return 1
+  local missing
+  missing=$(for f in "$nodalrun" "$build"/tests/*_test "$build"/tests/*_program "$build"/bench/*; do
+    [ -f "$f" ] && [ -x "$f" ] && ldd "$f" 2>/dev/null | grep 'not found' | grep -v -E 'libtorch|libc10|libmpi|libgloo'
+  done | sort -u)
+  if [ -n "$missing" ]; then
+    echo "libraries not found (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):"
+    echo "$missing"
+    return 1
+  fi
+  note "prebuilt: $NODAL_GPU_PREBUILT (built in $source_dir); every library found"
+}
+
+# The main job on the real data set where the prebuilt pack carries it (gpu-pack.sh's data/).
+main_job() {
+  local data="${NODAL_GPU_PREBUILT:-/nonexistent}/data" ok=0 device
+  if [ ! -d "$data" ]; then
+    note "fashion_mnist on Fashion-MNIST: no data set here (NODAL_GPU_PREBUILT's data/)"
+    return 0
+  fi
+  for device in cuda cpu; do
+    probe "fashion_mnist --device $device, 2 ranks on GPU 0" 90 "$nodalrun" -n 2 --gpus 0 --ranks-per-gpu 2 \
+      "$build/examples/fashion_mnist/fashion_mnist" --device "$device" --data-dir "$data" || ok=1
+  done
+  return $ok
 }
 
 step_smoke() {
@@ -271,6 +320,7 @@ step_bench() {
     --ops allreduce,allreduce-inplace,broadcast --csv "$tmp/nccl.csv" || ok=1
   probe "torch_nccl_bench.py" 120 python3 bench/peers/torch_nccl_bench.py --ranks 1 --max-bytes 64M --csv "$tmp/nccl.csv" \
     || ok=1
+  main_job || ok=1
   for f in gpu gpu-mps nccl; do
     echo "== $f.csv"
     cat "$tmp/$f.csv" 2>/dev/null
@@ -312,6 +362,13 @@ if ! why=$(preflight); then
 fi
 
 mkdir -p "$out" "$tmp"
+if [ -n "${NODAL_GPU_PREBUILT:-}" ]; then
+  NODAL_GPU_PREBUILT=$(cd "$NODAL_GPU_PREBUILT" && pwd)
+  export NODAL_GPU_PREBUILT
+  # The pack's libraries, then NCCL's and CUDA's of this machine (the pip wheel torch uses).
+  nccl_wheel=$(python3 -c "import nvidia.nccl as n, os; print(os.path.join(list(n.__path__)[0], 'lib'))" 2>/dev/null)
+  export LD_LIBRARY_PATH="$NODAL_GPU_PREBUILT/lib${nccl_wheel:+:$nccl_wheel}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 summary="$out/summary.txt"
 rows=()
 failed=0

@@ -87,5 +87,25 @@ check "a failing build stops the rest" 1 'smoke +not run +- +an earlier step fai
 grep -qE '^build +FAILED ' "$work/out2/summary.txt" 2>/dev/null && passed=$((passed + 1)) ||
   { failed=$((failed + 1)); echo "FAIL: summary.txt does not say build FAILED"; cat "$work/out2/summary.txt"; }
 
+# NODAL_GPU_PREBUILT: the build step unpacks a pack (scripts/gpu-pack.sh) instead of building,
+# and links the checkout's path of the pack to this checkout. Run from a copy of the script in a
+# scratch checkout, so that nothing touches this build.
+mkdir -p "$work/repo/scripts" "$work/pack/stage/gpu/launcher" "$work/pack/lib"
+cp "$script" "$work/repo/scripts/gpu-check.sh"
+printf '#!/bin/sh\nexit 0\n' > "$work/pack/stage/gpu/launcher/nodalrun"
+chmod +x "$work/pack/stage/gpu/launcher/nodalrun"
+tar -C "$work/pack/stage" -czf "$work/pack/build-gpu.tar.gz" gpu
+echo "$work/elsewhere/checkout" > "$work/pack/source-dir"
+out=$(env -u NODAL_GPU_BUILD NVIDIA_SMI="$work/smi-new" CUDACXX="$work/nvcc" OUT="$work/out3" NODAL_GPU_PREBUILT="$work/pack" \
+  bash "$work/repo/scripts/gpu-check.sh" build 2>&1)
+if grep -qE '^build +passed ' "$work/out3/summary.txt" && [ -x "$work/repo/build/gpu/launcher/nodalrun" ] &&
+  [ "$(readlink "$work/elsewhere/checkout")" = "$work/repo" ] && grep -q 'prebuilt: ' "$work/out3/summary.txt"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: NODAL_GPU_PREBUILT did not unpack and link: $out"
+  cat "$work/out3/summary.txt" "$work/out3/build.log" 2>/dev/null
+fi
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
