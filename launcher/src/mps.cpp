@@ -38,10 +38,18 @@ constexpr auto kStopLimit = std::chrono::seconds(15);   ///< the guard's `quit` 
 
 /// Stops the guard: its `quit`, then removing the directory. Arguments: $0 the control program,
 /// $1 the directory. It waits for end of file on its standard input (nodalrun's pipe).
+/// `quit` does not wait for the daemon to exit, so the guard then waits (up to 10 s) for the pid
+/// in the daemon's nvidia-cuda-mps-control.pid (MPS guide: the control daemon writes it in
+/// CUDA_MPS_PIPE_DIRECTORY), read before `quit` since the file goes with the daemon. A zombie
+/// counts as gone: on a restarted attempt the daemon is nodalrun's (a subreaper's) child.
 constexpr const char* kGuardScript =
     "trap '' INT TERM HUP USR1 USR2\n"
     "while read -r line; do :; done\n"
+    "pid=$(cat \"$1/pipe/nvidia-cuda-mps-control.pid\" 2>/dev/null)\n"
     "echo quit | \"$0\" >>\"$1/control.out\" 2>&1\n"
+    "i=0\n"
+    "while [ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' \"/proc/$pid/status\" &&\n"
+    "  [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done\n"
     "rm -rf \"$1\"\n";
 
 /// Waits for `pid` until `limit`; its exit code, or nullopt when it still runs then. A child
@@ -167,8 +175,13 @@ MpsDaemon::MpsDaemon(const std::string& visible_devices) {
   } catch (const ProgramError& e) {
     throw UsageError(fmt::format("--mps: {} (it comes with the NVIDIA driver)", e.what()));
   }
+  // The daemon's sockets (pipe/control_privileged, the longest) must fit a Unix socket path (108
+  // bytes with its NUL): a longer one makes the daemon exit at once, saying only "Cannot find MPS
+  // control daemon process". A TMPDIR too long for that gives way to /tmp.
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = fmt::format("{}/nodal-mps-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  std::string base = tmp && *tmp ? tmp : "/tmp";
+  if (base.size() + std::string_view("/nodal-mps-XXXXXX/pipe/control_privileged").size() >= 108) base = "/tmp";
+  std::string pattern = base + "/nodal-mps-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) detail::throw_errno(fmt::format("--mps: mkdtemp({})", pattern));
   dir_ = pattern;
   try {

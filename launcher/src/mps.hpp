@@ -19,8 +19,9 @@
 //
 // No orphan, SIGKILL included: the daemon is stopped by a guard (/bin/sh, in its own process
 // group, ignoring SIGINT/SIGTERM/SIGHUP). The guard reads a pipe from nodalrun until end of file,
-// which the kernel delivers when nodalrun exits for any reason. It then sends `quit` and removes
-// the directory. This is ShmGuard's idea (shm_guard.hpp).
+// which the kernel delivers when nodalrun exits for any reason. It then sends `quit`, waits for
+// the daemon's pid (its nvidia-cuda-mps-control.pid) to exit, and removes the directory. This is
+// ShmGuard's idea (shm_guard.hpp).
 #pragma once
 
 #include <sys/types.h>

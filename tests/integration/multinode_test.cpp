@@ -343,11 +343,9 @@ TEST(MultiNode, TheFailingNodesReportNamesGlobalRanks) {
 /// The pid of the nodalrun whose environment says it is mpirun's rank `node` and that runs `word`.
 pid_t nodalrun_of_node(int node, const std::string& word) {
   for (pid_t pid : nodal::testing::survivors_mentioning(word, 0ms)) {
-    std::ifstream cmd("/proc/" + std::to_string(pid) + "/cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmd)), {});
+    const std::string args = nodal::testing::read_proc_file(pid, "cmdline");
     if (args.find("nodalrun") == std::string::npos) continue;
-    std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-    std::string all((std::istreambuf_iterator<char>(env)), {});
+    const std::string all = nodal::testing::read_proc_file(pid, "environ");
     if (all.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(node) + '\0') != std::string::npos) return pid;
   }
   return -1;

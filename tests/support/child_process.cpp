@@ -146,6 +146,20 @@ ChildResult run(const std::vector<std::string>& argv, std::chrono::milliseconds 
   return child.wait(timeout);
 }
 
+std::string read_proc_file(pid_t pid, const std::string& name) {
+  // With read(2), not an ifstream: a process that exits between open and read makes the read
+  // fail with ESRCH, which libstdc++'s filebuf turns into an exception under istreambuf_iterator
+  // (seen once in CI, under ASan).
+  std::string text;
+  const std::string path = "/proc/" + std::to_string(pid) + "/" + name;
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+    char buffer[4096];
+    for (ssize_t got; (got = ::read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(got));
+    ::close(fd);
+  }
+  return text;
+}
+
 bool process_exists(pid_t pid, bool count_zombies) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text;
@@ -203,11 +217,12 @@ std::vector<pid_t> ready_pids(const std::string& out) {
 std::vector<pid_t> survivors_mentioning(const std::string& text, std::chrono::milliseconds timeout) {
   auto mentioning = [&text] {
     std::vector<pid_t> found;
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::error_code error;  // processes come and go while /proc is read
+    for (std::filesystem::directory_iterator it("/proc", error), end; !error && it != end; it.increment(error)) {
+      const std::filesystem::directory_entry& entry = *it;
       const std::string name = entry.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-      const std::string cmdline{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      const std::string cmdline = read_proc_file(std::stoi(name), "cmdline");
       if (cmdline.find(text) != std::string::npos && std::stoi(name) != ::getpid()) found.push_back(std::stoi(name));
     }
     return found;

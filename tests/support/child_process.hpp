@@ -52,6 +52,9 @@ class ChildProcess {
 ChildResult run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = std::chrono::seconds(60),
                 const std::vector<std::string>& extra_env = {});
 
+/// /proc/PID/NAME as it reads now; empty when the process is gone (never throws for that).
+std::string read_proc_file(pid_t pid, const std::string& name);
+
 /// Whether a process with this pid exists; a zombie (dead, not yet reaped) counts only when
 /// `count_zombies` is set.
 bool process_exists(pid_t pid, bool count_zombies = true);
