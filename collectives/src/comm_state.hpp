@@ -146,8 +146,9 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// The v-variants' staging, per call parity (shm/vector_collectives.cpp): this rank's counts
   /// and data, read by its peers; grown on demand, kept for the life of the communicator.
   std::byte* vector_scratch[2] = {nullptr, nullptr};
-  /// reduce's cma path (shm/cma.cpp): the peers' chunks, read into this process's own memory.
-  std::vector<std::byte> cma_scratch;
+  /// A private buffer of a step: the peers' chunks read by the cma paths (shm/cma.cpp), a reduced
+  /// step on its way to every output (shm/push_allreduce.cpp).
+  std::vector<std::byte> scratch;
   std::size_t vector_capacity[2] = {0, 0};
   /// Set on the world communicator of a job that spans nodes (internode/across_nodes.hpp): its
   /// calls go through the node bridge; of the shared-memory fields above only `shared` is mapped

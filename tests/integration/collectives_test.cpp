@@ -147,6 +147,23 @@ TEST_P(SixtyFourMiB, AllreduceOf64MiBPerRank) {
 INSTANTIATE_TEST_SUITE_P(Collectives, SixtyFourMiB, ::testing::Values(2, 4),
                          [](const auto& p) { return "n" + std::to_string(p.param); });
 
+TEST(Collectives, AllreduceOfArenaBuffersWritesEveryBlockIntoEveryOutput) {
+  // The in_place algorithm's allreduce (shm/push_allreduce.cpp): each block's owner writes it
+  // into every output. 3 ranks, so blocks are uneven and end mid-step; 4.4 MB of f32 and 8.8 MB
+  // of i64 out of place take the streaming stores, in place the plain ones; every element of
+  // every output checked against the reference, inputs unchanged when out of place.
+  ChildResult r = run_coll(3,
+                           {"matrix", "colls=allreduce", "sizes=8209,100003,1100003", "dtypes=f32,i64,bf16", "seed=11",
+                            "variants=tensor/out/shared,tensor/in/shared,raw/in/shared"},
+                           {"--shm-size", "2G"});
+  expect_all_ranks_ok(r, 3);
+  auto algorithms = algorithms_used(r.out);
+  EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
+  for (const auto& [name, calls] : algorithms) {
+    EXPECT_TRUE(name == "shared:in_place") << name << " in " << describe(algorithms);
+  }
+}
+
 /// NODAL_* overrides: every algorithm must give the reference's bits (coll_program checks every
 /// element against it, so runs that pass agree with each other bit for bit), and the override must
 /// have taken effect.
@@ -247,7 +264,8 @@ INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged
 TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
   // 2 ranks, private buffers: cma from 1 MiB, in 8 MiB segments (20 MB: two whole segments and a
   // short one, blocks not a multiple of a cache line); out of place it stops below 32 MiB (40 MB
-  // i64 out of place is pipelined), in place it goes on to 64 MiB.
+  // i64 out of place is pipelined), in place it goes on to 64 MiB, from 8 MiB writing each reduced
+  // step into the peer's output (20 MB f32 and 40 MB i64 in place: blocks end mid-step).
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   if (yama && (yama >> scope) && scope != 0) GTEST_SKIP() << "Yama ptrace_scope is " << scope << ": no cma here";

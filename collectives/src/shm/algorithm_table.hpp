@@ -6,7 +6,9 @@
 //                                     (<= NODAL_SMALL_MAX_BYTES per rank); for broadcast,
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
-//   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
+//   in_place   shm/push_allreduce.cpp every buffer a peer reads is in the arena: read it there;
+//              shm/pipelined_*.cpp    allreduce's owners of each block also write it into
+//                                     every output (one pass: a copy's traffic)
 //   cma        shm/cma.cpp            private buffers of the copy collectives, reduce and
 //                                     (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one

@@ -268,6 +268,10 @@ void Call::run_lockstep(bool small) {
     run_cma_allreduce();
     return;
   }
+  if (algorithm == Algorithm::in_place && call_.kind == CollKind::allreduce) {
+    run_push_allreduce();
+    return;
+  }
   c_.ensure_ring();
   if (is_reduction(call_.kind)) {
     run_pipelined_reduction(algorithm == Algorithm::in_place);

@@ -1,6 +1,6 @@
 // One collective call on one rank: the protocol every shared-memory call follows (shm/call.cpp)
 // and the algorithms that move the data (shm/small.cpp, shm/pipelined_reduction.cpp,
-// shm/pipelined_copy.cpp, shm/cma.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
+// shm/push_allreduce.cpp, shm/pipelined_copy.cpp, shm/cma.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
 //
 // The header. Every call starts the same way: each rank publishes a CallHeader (what it calls,
 // with what count, dtype, op and root, and where its buffers are when they are in the arena) in
@@ -102,15 +102,22 @@ class Call {
   // ---- The algorithms. ----
   void run_small();                                // shm/small.cpp
   void run_pipelined_reduction(bool in_place);     // shm/pipelined_reduction.cpp
+  void run_push_allreduce();                       // shm/push_allreduce.cpp
   void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
   void run_cma_reduce();                           // shm/cma.cpp
   void run_cma_allreduce();                        // shm/cma.cpp
+  /// allreduce in place on large messages: my block reduced and written into every output.
+  void run_cma_push_allreduce();                   // shm/cma.cpp
   /// Reduces elements [begin, begin + count) of every rank's input into this rank's output, rank
   /// order, reading the peers' parts by process_vm_readv a step at a time (shm/cma.cpp).
   void reduce_from_inputs(std::size_t begin, std::size_t count);
   /// Reads `n` bytes at `address` in rank j's memory into `dst` (process_vm_readv). Throws
   /// PeerFailure when j is gone, Error for any other failure (say which and how to avoid it).
   void cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const;  // shm/cma.cpp
+  /// Writes `n` bytes from `src` to `address` in rank j's memory (process_vm_writev); throws as cma_read.
+  void cma_write(int j, std::uintptr_t address, const void* src, std::size_t n) const;
+  /// cma_read's and cma_write's one system call, retried until every byte moved.
+  void cma_transfer(int j, void* mine, std::uintptr_t address, std::size_t n, bool write) const;
   /// Elements per block per step of a pipelined call: whole cache lines, `blocks` fit one ring entry.
   std::size_t block_elements(std::size_t blocks) const {
     std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;

@@ -5,8 +5,10 @@
 // reduces them with its own, in rank order (run_cma_reduce); allreduce does the same for one
 // block per rank, straight into its output, then reads the peers' reduced blocks out of their
 // outputs (run_cma_allreduce: reduce-scatter + all-gather, 1.75 copies per byte against the
-// pipelined path's 2.25), segment by segment. A peer whose memory is read returns only once the
-// readers say they are done (`consumed`).
+// pipelined path's 2.25), segment by segment; large ones in place write each reduced step into
+// the peers' outputs with process_vm_writev instead (run_cma_push_allreduce, the one-pass shape of
+// shm/push_allreduce.cpp). A peer whose memory is read or written returns only once the others
+// say they are done (`consumed`).
 #include "shm/call.hpp"
 
 #include "reduce_kernels.hpp"
@@ -32,21 +34,37 @@ constexpr std::size_t kCmaReduceStep = 128 * 1024;
 /// (4 MiB: 1.02x and 1.25x; bench/results/2026-11-26-cma-allreduce.md).
 constexpr std::size_t kCmaAllreduceSegment = 8 * 1024 * 1024;
 
+/// allreduce in place from this size on (bytes per rank) writes each reduced block into the peers'
+/// outputs (run_cma_push_allreduce) instead of letting them read it in segments: 1.2-1.3x faster
+/// at 8-64 MiB in place, even or slower at 1-4 MiB and out of place
+/// (bench/results/2026-11-27-push-allreduce.md).
+constexpr std::size_t kCmaPushMinBytes = 8 * 1024 * 1024;
+
 }  // namespace
 
 void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) const {
+  cma_transfer(j, dst, address, n, false);
+}
+
+void Call::cma_write(int j, std::uintptr_t address, const void* src, std::size_t n) const {
+  cma_transfer(j, const_cast<void*>(src), address, n, true);
+}
+
+void Call::cma_transfer(int j, void* mine, std::uintptr_t address, std::size_t n, bool write) const {
   std::size_t done = 0;
   while (done < n) {
-    iovec local{static_cast<std::byte*>(dst) + done, n - done};
+    iovec local{static_cast<std::byte*>(mine) + done, n - done};
     iovec remote{reinterpret_cast<void*>(address + done), n - done};
-    ssize_t got = ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
+    ssize_t got = write ? ::process_vm_writev(c_.progress[j].pid, &local, 1, &remote, 1, 0)
+                        : ::process_vm_readv(c_.progress[j].pid, &local, 1, &remote, 1, 0);
     if (got <= 0) {
       int error = errno;
       check_job_alive();
       if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
-      throw Error(fmt::format("process_vm_readv from rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies "
-                              "through shared memory instead",
-                              j, c_.progress[j].pid, std::strerror(error)));
+      throw Error(fmt::format("{} rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies through shared "
+                              "memory instead",
+                              write ? "process_vm_writev to" : "process_vm_readv from", j, c_.progress[j].pid,
+                              std::strerror(error)));
     }
     done += static_cast<std::size_t>(got);
   }
@@ -55,7 +73,7 @@ void Call::cma_read(int j, void* dst, std::uintptr_t address, std::size_t n) con
 void Call::reduce_from_inputs(std::size_t begin, std::size_t count) {
   const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
   const std::size_t scratch_bytes = static_cast<std::size_t>(n_) * step * esize_;
-  if (c_.cma_scratch.size() < scratch_bytes) c_.cma_scratch.resize(scratch_bytes);
+  if (c_.scratch.size() < scratch_bytes) c_.scratch.resize(scratch_bytes);
   Sources srcs(n_);
   for (std::size_t done = 0; done < count; done += step) {
     const std::size_t at = begin + done;
@@ -65,7 +83,7 @@ void Call::reduce_from_inputs(std::size_t begin, std::size_t count) {
         srcs[j] = bytes(call_.input) + at * esize_;
         continue;
       }
-      std::byte* scratch = c_.cma_scratch.data() + static_cast<std::size_t>(j) * step * esize_;
+      std::byte* scratch = c_.scratch.data() + static_cast<std::size_t>(j) * step * esize_;
       cma_read(j, scratch, c_.header(j, seq_).input_offset + at * esize_, len * esize_);
       srcs[j] = scratch;
     }
@@ -84,7 +102,34 @@ void Call::run_cma_reduce() {
   publish(c_, progress(r_).consumed, flag(0));
 }
 
+void Call::run_cma_push_allreduce() {
+  // My block: elements [begin, end), whole cache lines; a step at a time, the peers' parts read
+  // into the scratch, reduced with mine into my output, and written from there (still in cache)
+  // into every peer's output.
+  const std::size_t line = kCacheLine / esize_;
+  const std::size_t per = ceil_div(ceil_div(call_.count, static_cast<std::size_t>(n_)), line) * line;
+  const std::size_t begin = std::min(call_.count, static_cast<std::size_t>(r_) * per);
+  const std::size_t end = std::min(call_.count, begin + per);
+  const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
+  for (std::size_t at = begin; at < end; at += step) {
+    const std::size_t len = std::min(step, end - at);
+    reduce_from_inputs(at, len);
+    for (int j = 0; j < n_; ++j) {
+      if (j != r_) cma_write(j, c_.header(j, seq_).output_offset + at * esize_, bytes(call_.output) + at * esize_, len * esize_);
+    }
+  }
+  // Peers read my input and write my output: it goes back to the caller once they are done.
+  publish(c_, progress(r_).consumed, flag(0));
+  for (int j = 0; j < n_; ++j) {
+    if (j != r_) wait_consumed(j, 0);
+  }
+}
+
 void Call::run_cma_allreduce() {
+  if (all_in_place() && call_.count * esize_ >= kCmaPushMinBytes) {
+    run_cma_push_allreduce();
+    return;
+  }
   // Segment by segment (kCmaAllreduceSegment bytes of the message each, so that what a rank
   // reduces is still in cache when its peer reads it back; one step flag per segment), block
   // b of a segment: its elements [b * per, min(end, (b + 1) * per)), whole cache lines.

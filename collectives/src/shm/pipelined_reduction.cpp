@@ -1,8 +1,9 @@
 // Pipelined reductions (allreduce, reduce, reduce_scatter beyond the small path): reduce-scatter,
 // plus all-gather for allreduce and a gather to the root for reduce, in steps of one ring entry.
 // Each rank reduces one block per step: from the peers' staged copies in the ring (pipelined) or
-// straight from their arena buffers (in_place); ring entries are reused once every reader has
-// published `consumed` for the step that used them.
+// straight from their arena buffers (in_place: reduce and reduce_scatter; allreduce's in_place is
+// shm/push_allreduce.cpp); ring entries are reused once every reader has published `consumed` for
+// the step that used them.
 #include "shm/call.hpp"
 
 #include "copy.hpp"
@@ -47,12 +48,10 @@ void Call::run_pipelined_reduction(bool in_place) {
   const bool gather_all = call_.kind == CollKind::allreduce;
   const bool gathers = gather_all || (call_.kind == CollKind::reduce && r_ == call_.root);
   const bool any_gather = call_.kind != CollKind::reduce_scatter;
-  // In place, peers read inputs where they are; allreduce's peers gather from outputs too.
-  const bool direct_out = in_place && gather_all;
-  // Outputs nobody reads soon (the gathered blocks; my own block unless peers gather it from
-  // my output) are written with streaming stores when the message is large.
+  // Outputs nobody reads soon (the gathered blocks, my own block) are written with streaming
+  // stores when the message is large.
   const bool stream = call_.count * esize_ >= kStreamMinBytes;
-  const bool uses_ring = !in_place || (any_gather && !direct_out);
+  const bool uses_ring = !in_place || any_gather;
   Sources srcs(n_);
   for (std::size_t i = 0; i < steps; ++i) {
     if (uses_ring && i >= static_cast<std::size_t>(c_.config.ring_depth)) {
@@ -79,11 +78,11 @@ void Call::run_pipelined_reduction(bool in_place) {
         srcs[j] = c_.stage(j, i) + mine.ring;
       }
     }
-    // Where my reduced block goes: my output when I keep it (and peers read it there in place),
-    // else the result ring, copied to my output if I gather.
-    const bool to_output = scatter || direct_out || (call_.kind == CollKind::reduce && r_ == call_.root);
+    // Where my reduced block goes: my output when I keep it, else the result ring, copied to my
+    // output if I gather.
+    const bool to_output = scatter || (call_.kind == CollKind::reduce && r_ == call_.root);
     void* dst = to_output ? static_cast<void*>(bytes(call_.output) + mine.out * esize_) : c_.result(r_, i) + mine.ring;
-    reduce_n(call_.dtype, call_.op, dst, srcs.data(), n_, mine.len, stream && to_output && !direct_out);
+    reduce_n(call_.dtype, call_.op, dst, srcs.data(), n_, mine.len, stream && to_output);
     if (any_gather) {
       if (!to_output && gathers) copy_bytes(bytes(call_.output) + mine.out * esize_, dst, mine.len * esize_, stream);
       publish(c_, progress(r_).reduced, flag(i));
@@ -93,8 +92,7 @@ void Call::run_pipelined_reduction(bool in_place) {
         if (b == r_) continue;
         wait_flag(c_, progress(b).reduced, flag(i), "collective");
         Piece p = piece(i, b);
-        const std::byte* from = direct_out ? bytes(peer_output(b)) + p.out * esize_ : c_.result(b, i) + p.ring;
-        copy_bytes(bytes(call_.output) + p.out * esize_, from, p.len * esize_, stream);
+        copy_bytes(bytes(call_.output) + p.out * esize_, c_.result(b, i) + p.ring, p.len * esize_, stream);
       }
     }
     publish(c_, progress(r_).consumed, flag(i));
