@@ -35,7 +35,7 @@ constexpr std::size_t kCmaReduceStep = 128 * 1024;
 constexpr std::size_t kCmaAllreduceSegment = 8 * 1024 * 1024;
 
 /// allreduce in place from this size on (bytes per rank) writes each reduced block into the peers'
-/// outputs (run_cma_push_allreduce) instead of letting them read it in segments: 1.2-1.3x faster
+/// outputs (run_cma_push_allreduce) instead of letting them read it in segments: 1.18-1.54x faster
 /// at 8-64 MiB in place, even or slower at 1-4 MiB and out of place
 /// (bench/results/2026-11-27-push-allreduce.md).
 constexpr std::size_t kCmaPushMinBytes = 8 * 1024 * 1024;

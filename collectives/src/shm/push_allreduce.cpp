@@ -40,8 +40,8 @@ void Call::run_push_allreduce() {
   const std::size_t end = std::min(call_.count, begin + per);
   // Out of place, large outputs are written with streaming stores (copy.hpp): their owners read
   // them only after the call, and no line is read before it is written. In place, each line written
-  // was just read, and is still in cache: plain stores (streaming ones took 1.2-1.4x longer at
-  // 8-64 MiB; bench/results/2026-11-28-push-allreduce.md).
+  // was just read, and is still in cache: plain stores (streaming ones took 1.5-1.9x longer at
+  // 16-64 MiB in the trials before bench/results/2026-11-27-push-allreduce.md).
   const bool stream = !all_in_place() && call_.count * esize_ >= kPushStreamMinBytes;
   const std::size_t step = std::max<std::size_t>(kPushStep / esize_, 1);
   if (stream && c_.scratch.size() < step * esize_) c_.scratch.resize(step * esize_);
