@@ -1,10 +1,10 @@
 // allreduce with every buffer in the arena (the in_place algorithm): each rank reduces its block
-// from every input, a step at a time into a private scratch that stays in L1/L2, and writes the
-// reduced step into every rank's output itself, so nothing waits between reduce-scatter and
-// all-gather. Per rank that is one read and one write of the message: a plain copy's traffic,
-// where a reduce-scatter followed by a gather from the owners' outputs reads it twice
-// (1 + (n-1)/n) and writes it 1 + ... times. Source of the idea: the "two-shot" allreduce of
-// TensorRT-LLM's custom all-reduce and of vLLM's, whose owners push their reduced part into every
+// from every input, a step at a time (into its own output, or into a private scratch when the
+// outputs are streamed), and writes the reduced step into every other rank's output itself, so
+// nothing waits between reduce-scatter and all-gather. Per rank that is one read and one write of
+// the message, a plain copy's traffic; a reduce-scatter followed by a gather from the owners'
+// outputs reads it 1 + (n-1)/n times. Source of the idea: the "two-shot" allreduce of
+// TensorRT-LLM's and vLLM's custom all-reduce, whose owners push their reduced part into every
 // peer's buffer over NVLink; here the peers' buffers are shared memory.
 //
 // Who touches what: block b of every input is read, and block b of every output written, by rank
