@@ -3,9 +3,9 @@
 // outputs are streamed), and writes the reduced step into every other rank's output itself, so
 // nothing waits between reduce-scatter and all-gather. Per rank that is one read and one write of
 // the message, a plain copy's traffic; a reduce-scatter followed by a gather from the owners'
-// outputs reads it 1 + (n-1)/n times. Source of the idea: the "two-shot" allreduce of
-// TensorRT-LLM's and vLLM's custom all-reduce, whose owners push their reduced part into every
-// peer's buffer over NVLink; here the peers' buffers are shared memory.
+// outputs reads it 1 + (n-1)/n times. Source of the idea: the "two-shot" allreduce (reduce-scatter,
+// all-gather) of the custom all-reduce kernels of TensorRT-LLM and vLLM over NVLink, with the
+// all-gather done as writes into the peers' buffers (a put, MSCCL++'s primitive) instead of reads.
 //
 // Who touches what: block b of every input is read, and block b of every output written, by rank
 // b alone, so the ranks need no step flags; an input that is its rank's output (in place) is read
