@@ -34,8 +34,8 @@ enum class CollKind : std::uint8_t {
 const char* coll_kind_name(CollKind kind) noexcept;
 
 /// A rank's description of its current call, published in its slot. The data of a small call
-/// follows it in the same slot (for a few bytes, in the same cache line: one transfer carries
-/// flag, description and data).
+/// follows its first 32 bytes, over the buffers' offsets, which small calls do not use: up to
+/// 32 bytes of data share the cache line of flag and description (one transfer carries all three).
 struct CallHeader {
   std::atomic<std::uint64_t> seq;  ///< the call this header describes; stored last (release)
   CollKind kind;
@@ -46,16 +46,17 @@ struct CallHeader {
                            ///< v-variants: input_offset is the rank's staged counts and data.
   std::int32_t root;
   std::uint64_t count;
-  std::uint64_t input_offset;
-  std::uint64_t output_offset;  ///< like input_offset, by out_arena
-  std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
-  std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
   /// A hash of this rank's calls since the last call every member checked against every other
   /// (shm/call.hpp "History"): equal on every rank unless an earlier rooted call did not match.
   std::uint32_t history;
+  std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
+  std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
+  // Calls beyond the small path only (a small call's data is here instead).
+  std::uint64_t input_offset;
+  std::uint64_t output_offset;  ///< like input_offset, by out_arena
 };
-constexpr std::size_t kInlineOffset = 48;  ///< where a slot's data starts
-static_assert(sizeof(CallHeader) <= kInlineOffset);
+constexpr std::size_t kInlineOffset = 32;  ///< where a small call's data starts in its slot
+static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(CallHeader) <= kCacheLine);
 
 /// Slots per rank: as many as fit kSlotBudget, rounded down to a power of two (2 to kMaxSlotDepth;
 /// 16 with the default 16 KiB small path). A rank writes its slot of call k once every peer has finished call k - depth

@@ -152,14 +152,16 @@ void Call::publish_header(bool small, bool wake) {
   h.op = call_.op;
   h.root = call_.root;
   h.count = call_.count;
-  Arena& arena = *c_.arena;
-  const bool vector = is_vector(call_.kind);
-  h.in_arena = vector || (call_.input != nullptr && arena.contains(call_.input));
-  h.input_offset = vector       ? staged_
-                   : h.in_arena ? arena.offset_of(call_.input)
-                                : reinterpret_cast<std::uintptr_t>(call_.input);
-  h.out_arena = call_.output != nullptr && arena.contains(call_.output);
-  h.output_offset = h.out_arena ? arena.offset_of(call_.output) : reinterpret_cast<std::uintptr_t>(call_.output);
+  if (!small) {  // a small call's data lies where the offsets would
+    Arena& arena = *c_.arena;
+    const bool vector = is_vector(call_.kind);
+    h.in_arena = vector || (call_.input != nullptr && arena.contains(call_.input));
+    h.input_offset = vector       ? staged_
+                     : h.in_arena ? arena.offset_of(call_.input)
+                                  : reinterpret_cast<std::uintptr_t>(call_.input);
+    h.out_arena = call_.output != nullptr && arena.contains(call_.output);
+    h.output_offset = h.out_arena ? arena.offset_of(call_.output) : reinterpret_cast<std::uintptr_t>(call_.output);
+  }
   h.on_gpu = call_.on_gpu;
   h.history = c_.history;
   if (wake) {
