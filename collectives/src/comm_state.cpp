@@ -124,6 +124,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
     shared->slot_bytes = slot_bytes;
     shared->cma_min_bytes = state->config.cma_min_bytes;
     shared->members_hash = members_hash(state->global_ranks);
+    shared->crowded = oversubscribed() ? 1 : 0;
     auto* progress = reinterpret_cast<Progress*>(static_cast<std::byte*>(where) + header_bytes);
     for (std::size_t r = 0; r < n; ++r) new (&progress[r]) Progress();
   }));

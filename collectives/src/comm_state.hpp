@@ -100,6 +100,10 @@ struct SharedComm {
   std::uint64_t slot_bytes;
   std::uint64_t cma_min_bytes;
   std::uint64_t members_hash;  ///< of the members' global ranks in rank order (members_hash())
+  /// Whether this node runs more ranks than a rank may use CPUs (detail::oversubscribed()), as
+  /// the member that made the communicator saw it: every member picks algorithms by this one
+  /// value (a rank bound differently could see another).
+  std::uint8_t crowded;
   WaitWord word;  ///< every flag of the communicator notifies this one word
 };
 

@@ -5,6 +5,9 @@
 // coll_program exits 1 with a "FAIL rank R: ..." line naming the first wrong element.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 #include <ostream>
@@ -248,9 +251,10 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   }
   std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0"};
   ChildResult r = run_coll(n,
-                           {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall", "sizes=100003,1000003",
+                           {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall", "sizes=100003,131071",
                             "dtypes=i8,f16,f64", "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
                            options);
+  // All below 1 MiB per rank (kCmaCopyEndBytes): cma wherever it is allowed, crowded or not.
   expect_all_ranks_ok(r, n);
   auto algorithms = algorithms_used(r.out);
   EXPECT_GT(algorithms[cma ? "private:cma" : "private:pipelined"], 0) << describe(algorithms);
@@ -260,6 +264,33 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
 
 INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged"),
                          [](const auto& p) { return p.param; });
+
+TEST(Collectives, CopyCollectivesTakeCmaFrom1MiBOnlyWhenRanksOutnumberCores) {
+  // 2 and 3 ranks, private buffers, 1 MiB - 32 B and 4 MB of f32 per rank: cma below 1 MiB; from
+  // 1 MiB the pipelined path while every rank has a core, cma when ranks outnumber the cores (this
+  // machine decides which, as detail::oversubscribed() does for the ranks; on 2 cores one run of each).
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (yama && (yama >> scope) && scope != 0) GTEST_SKIP() << "Yama ptrace_scope is " << scope << ": no cma here";
+  cpu_set_t set;
+  int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (cpus == 1) cpus = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  for (int n : {2, 3}) {
+    const bool crowded = n > cpus;
+    ChildResult r = run_coll(n,
+                             {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall", "sizes=262136,1000003",
+                              "dtypes=f32", "variants=raw/in/private,raw/out/private"},
+                             {"--shm-size", "1G", "-x", "NODAL_CMA=1"});
+    expect_all_ranks_ok(r, n);
+    auto algorithms = algorithms_used(r.out);
+    // Per rank and size, 6 calls: broadcast (in place only), allgather both ways, gather, scatter
+    // and alltoall out of place.
+    EXPECT_EQ(algorithms["private:cma"], n * (crowded ? 12 : 6)) << n << " ranks, crowded " << crowded << ": "
+                                                                 << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], n * (crowded ? 0 : 6)) << n << " ranks, crowded " << crowded << ": "
+                                                                      << describe(algorithms);
+  }
+}
 
 TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
   // 2 ranks, private buffers: cma from 1 MiB, in 8 MiB segments (20 MB: two whole segments and a
@@ -398,7 +429,9 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
   EXPECT_TRUE(contains(large["reduce"], "cma from 16 KiB while (world_size - 1) * size <= 256 KiB")) << large["reduce"];
   EXPECT_TRUE(contains(large["allreduce"], "on 2 ranks cma from 1 MiB below 32 MiB (in place up to 64 MiB)"))
       << large["allreduce"];
-  EXPECT_TRUE(contains(large["alltoall"], "else cma from 16 KiB where allowed, else pipelined")) << large["alltoall"];
+  EXPECT_TRUE(contains(large["alltoall"],
+                       "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores) where allowed, else pipelined"))
+      << large["alltoall"];
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),

@@ -43,7 +43,9 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
       return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
              format_bytes(kCmaReduceMaxBytes) + where;
     case CollKind::reduce_scatter: return in_place + "pipelined";
-    default: return in_place + "cma from " + format_bytes(config.cma_min_bytes) + where;
+    default:
+      return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " (below " + format_bytes(kCmaCopyEndBytes) +
+             " unless ranks outnumber cores)" + where;
   }
 }
 
@@ -75,15 +77,17 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 }
 
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
-                          bool cma_usable) {
+                          bool cma_usable, bool crowded) {
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
-  // reduce's root reads the peers' inputs and reduces them alone (shm/cma.cpp): faster than the
-  // pipelined reduce-scatter while the root's share is small (bench/results/
-  // 2026-11-25-collectives-round-two.md); so is allreduce on 2 ranks from 1 MiB (algorithm_table.hpp;
-  // on 4 ranks sharing 2 cores it lost, 0.8x); reduce_scatter stays pipelined.
+  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB, and at any size
+  // when ranks outnumber cores (algorithm_table.hpp, kCmaCopyEndBytes). reduce's root reads the
+  // peers' inputs and reduces them alone (shm/cma.cpp): faster than the pipelined reduce-scatter
+  // while the root's share is small (bench/results/2026-11-25-collectives-round-two.md); so is
+  // allreduce on 2 ranks from 1 MiB (algorithm_table.hpp; on 4 ranks sharing 2 cores it lost,
+  // 0.8x); reduce_scatter stays pipelined.
   const bool reads_inputs =
-      !is_reduction(kind) ||
+      (!is_reduction(kind) && (crowded || bytes < kCmaCopyEndBytes)) ||
       (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes) ||
       (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes &&
        (in_place ? bytes <= kCmaAllreduceInPlaceMaxBytes : bytes < kCmaAllreduceEndBytes));

@@ -48,9 +48,17 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 /// `bytes` per rank, `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose
 /// input a peer reads allows cross-memory attach, and the message is >= CommConfig::cma_min_bytes).
 /// `in_place`: every rank's input and output are one buffer (from the headers, so every rank
-/// picks the same).
+/// picks the same). `crowded`: the node runs more ranks than cores (SharedComm::crowded).
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
-                          bool cma_usable);
+                          bool cma_usable, bool crowded);
+
+/// The copy collectives (broadcast, allgather, gather, scatter, alltoall) take cma below this size
+/// (bytes per rank) unless ranks outnumber cores: with a core per rank the pipelined path, where
+/// the producer stages a chunk while its consumers copy out the previous one, uses both cores and
+/// was 1.1-4.2x faster from 1 MiB on 2 ranks (broadcast 2.9-4.2x from 2 MiB; scatter 0.84-0.89x
+/// at 32-64 MiB the exception), cma 1.1-2x faster at 64-512 KiB; with 4 ranks on 2 cores cma won
+/// at nearly every size, up to 6x (bench/results/2026-11-27-cma-copy-limit.md).
+constexpr std::size_t kCmaCopyEndBytes = 1024 * 1024;
 
 /// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
 /// reads and reduces every peer's input alone.

@@ -255,7 +255,8 @@ void Call::run_lockstep(bool small) {
   }
   if (call_.on_gpu) return;  // agreed: the GPU backend moves the data
   const Algorithm algorithm = small ? Algorithm::small : large_algorithm(call_.kind, call_.count * esize_, n_,
-                                                                              all_in_place(), all_in_arena(), cma_usable());
+                                                                              all_in_place(), all_in_arena(), cma_usable(),
+                                                                              c_.shared->crowded != 0);
   c_.last_algorithm.store(algorithm_name(algorithm), std::memory_order_relaxed);  // a static string: no copy
   if (call_.kind == CollKind::barrier || call_.count == 0) return;
   if (algorithm == Algorithm::small) {
