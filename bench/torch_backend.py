@@ -25,6 +25,8 @@ parser.add_argument("mode", choices=["allreduce", "ddp"])
 parser.add_argument("--backend", choices=["nodal", "gloo"], required=True)
 parser.add_argument("--batch", type=int, default=32, help="ddp: samples per rank per step")
 parser.add_argument("--bucket-cap-mb", type=float, default=25, help="ddp: DDP's bucket_cap_mb (its default: 25)")
+parser.add_argument("--bucket-view", action="store_true",
+                    help="ddp: DDP's gradient_as_bucket_view=True (gradients live in the buckets: no copies in and out)")
 args = parser.parse_args()
 if args.backend == "nodal":
     import nodal_torch  # noqa: F401
@@ -80,11 +82,15 @@ else:
 
     local = steps(model(), 25)
     dist.barrier()
-    free = nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=args.bucket_cap_mb)
+    def ddp_of(net):
+        return nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_cap_mb,
+                                                   gradient_as_bucket_view=args.bucket_view)
+
+    free = ddp_of(model())
     free.register_comm_hook(None, unreduced)
     free = steps(free, 25)
     dist.barrier()
-    ddp = steps(nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=args.bucket_cap_mb), 25)
+    ddp = steps(ddp_of(model()), 25)
     if RANK == 0:
         params = sum(p.numel() for p in model().parameters())
         print(f"ddp_step,{ddp:.2f}", flush=True)

@@ -3,16 +3,18 @@
 # float32 from 4 B to 64 MiB, and the DistributedDataParallel step of a ~9.5M-parameter MLP,
 # 2 ranks under nodalrun, the backends interleaved for R rounds; prints the medians and ratios as
 # a markdown table (bench/torch_backend.py is the rank program).
-#   bench/torch_backend.sh [-r ROUNDS] [-b BATCH] [BUILD_DIR]   (defaults: 3, 32, build/release)
+#   bench/torch_backend.sh [-r ROUNDS] [-b BATCH] [-v] [BUILD_DIR]   (defaults: 3, 32, build/release)
+# -v: DDP with gradient_as_bucket_view=True for both backends (gradients live in the buckets).
 # torch's matrix products run on the machine's BLAS: Debian's generic one makes the step's compute
 # 20x slower than OpenBLAS (apt-get install libopenblas0-pthread); the table says which it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=3 batch=32
-while getopts "r:b:" opt; do
+rounds=3 batch=32 view=()
+while getopts "r:b:v" opt; do
   case $opt in
     r) rounds=$OPTARG ;;
     b) batch=$OPTARG ;;
+    v) view=(--bucket-view) ;;
     *) exit 2 ;;
   esac
 done
@@ -27,13 +29,13 @@ trap 'rm -f "$out"' EXIT
 for ((round = 1; round <= rounds; round++)); do
   for backend in nodal gloo; do
     for mode in allreduce ddp; do
-      "$build/launcher/nodalrun" -n 2 /usr/bin/python3 bench/torch_backend.py "$mode" --backend "$backend" --batch "$batch" |
+      "$build/launcher/nodalrun" -n 2 /usr/bin/python3 bench/torch_backend.py "$mode" --backend "$backend" --batch "$batch" "${view[@]}" |
         sed -n "s/^\[0\] /$backend,/p" >>"$out"
     done
   done
 done
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
-/usr/bin/python3 - "$out" "$rounds" "$batch" "$blas" <<'PY'
+/usr/bin/python3 - "$out" "$rounds" "$batch" "$blas" "${#view[@]}" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -50,7 +52,8 @@ for s in sizes:
     extra = f" ({s / n / 1e3:.2f} / {s / g / 1e3:.2f} GB/s)" if s >= 1 << 20 else ""
     print(f"| {label} | {n:.2f} us | {g:.2f} us | {g / n:.1f}x{extra} |")
 params = int(med[("nodal", "parameters")])
-print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per rank | nodal | gloo | gloo / nodal |")
+view = ", gradient_as_bucket_view" if sys.argv[5] == "1" else ""
+print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per rank{view} | nodal | gloo | gloo / nodal |")
 print("|---|---|---|---|")
 n, g = med[("nodal", "ddp_step")], med[("gloo", "ddp_step")]
 ln, lg = med[("nodal", "local_step")], med[("gloo", "local_step")]
