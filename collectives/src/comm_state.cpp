@@ -17,7 +17,7 @@
 namespace nodal::detail {
 namespace {
 
-constexpr std::uint64_t kCommMagic = 0x6d6d6f632d6c646eULL;  // "nld-comm"
+constexpr std::uint64_t kCommMagic = 0x326d6d6f632d6c6eULL;  // "nl-comm2": CallHeader and SharedComm as of 2026-11-27
 
 std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t minimum) {
   std::string text = getenv_or_empty(name);

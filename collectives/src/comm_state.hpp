@@ -44,6 +44,7 @@ struct CallHeader {
   std::uint8_t in_arena;   ///< 1: this rank's input is in the arena at input_offset; 0: input_offset
                            ///< is its address in this rank's own memory (for cross-memory attach).
                            ///< v-variants: input_offset is the rank's staged counts and data.
+                           ///< Like out_arena, not written (stale) for a small call.
   std::int32_t root;
   std::uint64_t count;
   /// A hash of this rank's calls since the last call every member checked against every other

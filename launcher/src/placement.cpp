@@ -19,11 +19,13 @@ Placement place_ranks(int nprocs, BindTo bind_to) {
   if (bind_to == BindTo::none || (bind_to == BindTo::automatic && cpus > 0 && nprocs > cpus)) {
     placement.bind_to = BindTo::none;
     placement.cores = 0;
+    placement.crowded = cpus > 0 && nprocs > cpus;
     return placement;
   }
   const hwloc_topology_t topology = node_topology();
   placement.cores = hwloc_get_nbobjs_by_type(topology, HWLOC_OBJ_CORE);
   if (placement.cores <= 0) placement.cores = hwloc_get_nbobjs_by_type(topology, HWLOC_OBJ_PU);
+  placement.crowded = placement.cores > 0 && nprocs > placement.cores;
   placement.bind_to = bind_to;
   if (bind_to == BindTo::automatic) placement.bind_to = nprocs <= placement.cores ? BindTo::core : BindTo::none;
   if (placement.bind_to == BindTo::none) return placement;

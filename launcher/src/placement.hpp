@@ -16,6 +16,8 @@ struct Placement {
   /// One entry per rank; nullopt: not bound.
   std::vector<std::optional<cpu_set_t>> cpusets;
   int cores = 0;  ///< 0 when the topology was not needed (no binding)
+  /// More ranks than cores (or than the CPUs this process may use, when the topology was not needed).
+  bool crowded = false;
 };
 
 /// Loads the topology once (cores, PUs and NUMA nodes only; no plugins, no I/O discovery) and assigns rank r to core r % cores (core) or

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <fstream>
@@ -228,7 +229,7 @@ std::vector<std::string> Supervisor::base_environment() const {
                                              kEnvLauncherPid, kEnvStartMethod,    kEnvForkserverFds,
                                              kEnvArenaFd,     kEnvArenaPath,       kEnvForkserverCpus,
                                              kEnvDevice,      kEnvForkserverDevices, kEnvRestartCount,
-                                             kEnvTorchelasticRestartCount, kEnvTorchelasticMaxRestarts};
+                                             kEnvTorchelasticRestartCount, kEnvTorchelasticMaxRestarts, kEnvCrowded};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
@@ -258,6 +259,10 @@ std::vector<std::string> Supervisor::base_environment() const {
   auto set = [&env](const char* name, const std::string& value) { env.push_back(fmt::format("{}={}", name, value)); };
   set(kEnvWorldSize, std::to_string(options_.world_size.value_or(options_.nprocs)));
   set(kEnvLocalWorldSize, std::to_string(options_.nprocs));
+  const std::string crowded_prefix = std::string(kEnvCrowded) + "=";
+  if (std::none_of(env.begin(), env.end(), [&](const std::string& e) { return e.starts_with(crowded_prefix); })) {
+    set(kEnvCrowded, placement_.crowded ? "1" : "0");  // unless -x gave it
+  }
   set(kEnvMasterAddr, agent_ ? agent_->master_addr() : std::string("127.0.0.1"));
   set(kEnvMasterPort, std::to_string(agent_ ? agent_->master_port() : free_port(PortScope::loopback)));
   if (agent_) {

@@ -44,6 +44,9 @@ inline void cpu_relax() noexcept {
 
 bool oversubscribed() noexcept {
   static const bool value = [] {
+    // nodalrun's placement says (kEnvCrowded); a rank started some other way guesses.
+    const std::string crowded = getenv_or_empty(kEnvCrowded);
+    if (crowded == "0" || crowded == "1") return crowded == "1";
     int ranks = parse_int(getenv_or_empty(kEnvLocalWorldSize));
     cpu_set_t set;
     int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;

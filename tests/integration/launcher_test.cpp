@@ -3,6 +3,7 @@
 
 #include <boost/json/src.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -77,6 +78,24 @@ TEST(Launcher, EnvironmentFollowsTorchrunAndPassesExports) {
   }
   EXPECT_EQ(env[0]["MASTER_PORT"], env[1]["MASTER_PORT"]);
   EXPECT_EQ(env[0]["NODAL_JOB_ID"], env[1]["NODAL_JOB_ID"]);
+}
+
+TEST(Launcher, TheNodeIsCrowdedWhenRanksOutnumberItsCores) {
+  // NODAL_CROWDED: 0 for one rank; without binding, 0 for as many ranks as the CPUs nodalrun may
+  // use (this process's, which nodalrun inherits) and 1 for one more; -x overrides it.
+  auto crowded_of = [](const std::vector<std::string>& args, const std::string& rank = "0") {
+    ChildResult r = run(nodalrun_command(args), 60s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return env_by_rank(r.out)[std::stoi(rank)]["NODAL_CROWDED"];
+  };
+  EXPECT_EQ(crowded_of({"-n", "1", kRankProgram, "env"}), "0");
+  cpu_set_t set;
+  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  EXPECT_EQ(crowded_of({"-n", std::to_string(cpus + 1), "--bind-to", "none", kRankProgram, "env"}), "1")
+      << cpus + 1 << " ranks, " << cpus << " CPUs";
+  EXPECT_EQ(crowded_of({"-n", std::to_string(cpus), "--bind-to", "none", kRankProgram, "env"}), "0")
+      << cpus << " ranks, " << cpus << " CPUs";
+  EXPECT_EQ(crowded_of({"-n", "1", "-x", "NODAL_CROWDED=1", kRankProgram, "env"}), "1");
 }
 
 TEST(Launcher, BindsRanksToCoresOnlyWhenAskedOrWhileTheyFit) {

@@ -30,6 +30,8 @@
 //             checked; then senders run ahead while their receivers sleep.
 //   mismatch_kind  ranks call different collectives: UsageError on every rank.
 //   mixed_place  allreduce of private f32 buffers where rank 0 is in place and the others are not
+//             arena=1: rank 0's buffer is in the arena instead (in place), the others' private (in
+//             place): the buffers are partly in the arena
 //             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
 //   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|split victim=R delay_ms=N
@@ -1707,15 +1709,17 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
 }
 
 /// One rank in place, the others not: the algorithm table must pick the same path for all.
-int mixed_place(const nodal::Context& ctx) {
+int mixed_place(const nodal::Context& ctx, bool arena) {
   nodal::Communicator world = ctx.world();
   const int n = world.world_size();
   for (std::size_t mib : {1, 20, 48}) {
     const std::size_t count = mib << 18;  // f32 elements
-    std::vector<float> in(count), out(count);
+    std::vector<float> private_in(count), out(count);
+    Tensor shared = arena && ctx.rank() == 0 ? alloc(count, DType::f32, true) : Tensor();
+    float* in = shared.defined() ? shared.data_ptr<float>() : private_in.data();
     for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(ctx.rank() + static_cast<int>(i % 7));
-    float* result = ctx.rank() == 0 ? in.data() : out.data();
-    world.allreduce(in.data(), result, count, nodal::DType::f32, nodal::ReduceOp::sum);
+    float* result = ctx.rank() == 0 || arena ? in : out.data();
+    world.allreduce(in, result, count, nodal::DType::f32, nodal::ReduceOp::sum);
     for (std::size_t i = 0; i < count; ++i) {
       const float expected = static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 7));
       if (result[i] != expected) {
@@ -1759,7 +1763,7 @@ int main(int argc, char** argv) {
   else if (mode == "p2p")
     rc = p2p(ctx);
   else if (mode == "mixed_place")
-    rc = mixed_place(ctx);
+    rc = mixed_place(ctx, options.get("arena", 0) == 1);
   else if (mode == "kill")
     rc = kill_mode(ctx, options);
   else

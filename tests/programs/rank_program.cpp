@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "env") {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "NODAL_JOB_ID", "EXTRA_A", "EXTRA_B"}) {
+                             "NODAL_JOB_ID", "NODAL_CROWDED", "EXTRA_A", "EXTRA_B"}) {
       const char* value = std::getenv(name);
       std::printf("%s=%s\n", name, value ? value : "<unset>");
     }

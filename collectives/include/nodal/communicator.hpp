@@ -35,14 +35,17 @@
 //              (one cache-line hand-off for tiny messages);
 //   pipelined  inputs staged in chunks, rank r reduces block r of each chunk, all ranks gather the
 //              reduced blocks (reduce-scatter + all-gather), chunks pipelined through a ring;
-//   in_place   like pipelined but reading peers' buffers where they are (single copy), chosen when
-//              every rank's buffers are in the job arena (Tensor::empty_shared, share_memory()).
+//   in_place   chosen when every rank's buffers are in the job arena (Tensor::empty_shared,
+//              share_memory()): peers' buffers are read where they are (single copy); allreduce's
+//              is one pass, each block's owner reducing it and writing it into every output.
 //   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 16 KiB per rank from
-//              private buffers: one process_vm_readv per peer (cross-memory attach, single copy, as
-//              Open MPI and MPICH do), where the kernel allows it (no Yama ptrace_scope >= 1) and
-//              NODAL_CMA is not 0; otherwise pipelined. Also reduce while (world_size - 1) x size
-//              <= 256 KiB (the root reads the inputs), and allreduce on 2 ranks from 1 MiB below
-//              32 MiB (in place, input == output, up to 64 MiB).
+//              private buffers, below 1 MiB unless ranks outnumber cores (NODAL_CROWDED): one
+//              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH
+//              do), where the kernel allows it (no Yama ptrace_scope >= 1) and NODAL_CMA is not 0;
+//              otherwise pipelined. Also reduce while (world_size - 1) x size <= 256 KiB (the root
+//              reads the inputs), and allreduce on 2 ranks from 1 MiB below 32 MiB (in place,
+//              input == output, up to 64 MiB; from 8 MiB in place each rank also writes its reduced
+//              block into the peer's output with process_vm_writev).
 // Environment overrides (read once per process; every rank must see the same values):
 //   NODAL_ALLREDUCE_ALGO=auto|small|pipelined|in_place   allreduce's algorithm; NODAL_ALGO the
 //                                 same for every collective. A forced algorithm applies where it
@@ -55,7 +58,7 @@
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,
 //                                 at least 4096)
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
-// arena (16 * (48 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined call a staging ring
+// arena (16 * (32 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined call a staging ring
 // (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 

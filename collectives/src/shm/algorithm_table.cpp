@@ -44,6 +44,9 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
              format_bytes(kCmaReduceMaxBytes) + where;
     case CollKind::reduce_scatter: return in_place + "pipelined";
     default:
+      if (config.cma_min_bytes >= kCmaCopyEndBytes) {
+        return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " when ranks outnumber cores" + where;
+      }
       return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " (below " + format_bytes(kCmaCopyEndBytes) +
              " unless ranks outnumber cores)" + where;
   }

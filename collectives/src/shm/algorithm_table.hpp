@@ -6,14 +6,15 @@
 //                                     (<= NODAL_SMALL_MAX_BYTES per rank); for broadcast,
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
-//   in_place   shm/push_allreduce.cpp every buffer a peer reads is in the arena: read it there;
-//              shm/pipelined_*.cpp    allreduce's owners of each block also write it into
-//                                     every output (one pass: a copy's traffic)
-//   cma        shm/cma.cpp            private buffers of the copy collectives, reduce and
-//                                     (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
-//                                     >= NODAL_CMA_MIN_BYTES per rank: one
-//                                     process_vm_readv per peer (Open MPI's and MPICH's
-//                                     single-copy path)
+//   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
+//              shm/push_allreduce.cpp allreduce's: each block's owner reduces it and writes it
+//                                     into every output (one pass: a copy's traffic)
+//   cma        shm/cma.cpp            private buffers of the copy collectives (below 1 MiB
+//                                     unless ranks outnumber cores), reduce and (2 ranks,
+//                                     1-32 MiB, in place 1-64 MiB) allreduce,
+//                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
+//                                     per peer (Open MPI's and MPICH's single-copy path);
+//                                     allreduce in place from 8 MiB writes with process_vm_writev
 //   pipelined  shm/pipelined_*.cpp    staged through a ring of chunks in the arena
 //   staged     shm/vector_collectives.cpp  the v-variants
 #pragma once

@@ -309,7 +309,7 @@ void Call::run_rooted_small() {
 }
 
 bool Call::all_in_arena() const {
-  // In place needs every buffer a peer reads: inputs for all; outputs too when peers gather from
+  // In place needs every buffer a peer touches: inputs for all; outputs too when peers write into
   // them (allreduce).
   for (int j = 0; j < n_; ++j) {
     const CallHeader& h = c_.header(j, seq_);
@@ -340,7 +340,12 @@ bool Call::reads_peer_input(int j) const {
 bool Call::cma_usable() const {
   if (call_.count * esize_ < c_.config.cma_min_bytes) return false;
   for (int j = 0; j < n_; ++j) {
-    if (reads_peer_input(j) && c_.progress[j].cma == 0) return false;
+    // cma needs an address in the peer's memory; an arena buffer's header holds an offset (a call
+    // whose buffers are partly in the arena is staged).
+    const CallHeader& h = c_.header(j, seq_);
+    if (reads_peer_input(j) && (c_.progress[j].cma == 0 || h.in_arena)) return false;
+    // allreduce's cma reads the peers' outputs, or writes them (shm/cma.cpp).
+    if (call_.kind == CollKind::allreduce && h.out_arena) return false;
   }
   return true;
 }

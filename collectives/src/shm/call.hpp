@@ -9,7 +9,7 @@
 //
 // Lockstep calls (every call but the rooted small ones): each rank waits for every member's
 // header of the call and compares them; once a rank has seen every header of call k, nobody
-// reads anything of call k - 1 any more (staging ring, results, peers' buffers), so the
+// reads or writes anything of call k - 1 any more (staging ring, results, peers' buffers), so the
 // pipelined paths reuse their shared buffers freely. Within a pipelined call, ring entries are
 // reused only after every reader has published `consumed` for the step that used them.
 //

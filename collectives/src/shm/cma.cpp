@@ -1,5 +1,6 @@
-// cma: single-copy reads of the peers' private memory with process_vm_readv (cross-memory
-// attach, Open MPI's vader and MPICH's single-copy path), where shm/algorithm_table.hpp picks it:
+// cma: single copies from (process_vm_readv) and into (process_vm_writev) the peers' private
+// memory (cross-memory attach, Open MPI's vader and MPICH's single-copy path), where
+// shm/algorithm_table.hpp picks it:
 // the copy collectives read peers' inputs straight into their outputs (shm/pipelined_copy.cpp);
 // reduce's root reads the peers' inputs a chunk at a time into a private scratch buffer and
 // reduces them with its own, in rank order (run_cma_reduce); allreduce does the same for one
@@ -112,6 +113,7 @@ void Call::run_cma_push_allreduce() {
   const std::size_t end = std::min(call_.count, begin + per);
   const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
   for (std::size_t at = begin; at < end; at += step) {
+    check_job_alive();  // as in shm/push_allreduce.cpp: no writes into a failed job's peers
     const std::size_t len = std::min(step, end - at);
     reduce_from_inputs(at, len);
     for (int j = 0; j < n_; ++j) {

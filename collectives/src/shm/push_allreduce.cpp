@@ -47,6 +47,9 @@ void Call::run_push_allreduce() {
   if (stream && c_.scratch.size() < step * esize_) c_.scratch.resize(step * esize_);
   Sources srcs(n_);
   for (std::size_t at = begin; at < end; at += step) {
+    // A failed job stops the writes into the peers' outputs (a peer that threw PeerFailure may
+    // already have given its buffers back to its caller).
+    check_job_alive();
     const std::size_t len = std::min(step, end - at);
     for (int j = 0; j < n_; ++j) srcs[j] = (j == r_ ? bytes(call_.input) : bytes(peer_input(j))) + at * esize_;
     // Reduced into the scratch when every output is streamed, else into my output, which then

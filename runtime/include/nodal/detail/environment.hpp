@@ -39,6 +39,10 @@ inline constexpr const char* kEnvCudaDeviceOrder = "CUDA_DEVICE_ORDER";
 inline constexpr const char* kEnvDevice = "NODAL_DEVICE";
 /// For the zygote: "d;d;..." each rank's NODAL_DEVICE; unset without --gpus.
 inline constexpr const char* kEnvForkserverDevices = "NODAL_FORKSERVER_DEVICES";
+/// "1" when this node runs more ranks than it has cores (nodalrun's placement decides: hwloc's
+/// cores, or the CPUs it may use when it binds nothing), else "0"; detail::oversubscribed() reads
+/// it. `nodalrun -x NODAL_CROWDED=0|1` overrides it.
+inline constexpr const char* kEnvCrowded = "NODAL_CROWDED";
 /// Multi-node mode (nodalrun as a node's agent, launcher/src/multinode/): this node's index and
 /// the number of nodes (torchrun's GROUP_RANK and GROUP_WORLD_SIZE are set alike). Absent on one
 /// node.
