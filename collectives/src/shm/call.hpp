@@ -40,9 +40,11 @@
 #include "shm/algorithm_table.hpp"
 #include "shm/algorithms.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nodal::detail {
@@ -98,6 +100,22 @@ class Call {
   Progress& progress(int j) const { return c_.progress[j]; }
   std::uint64_t flag(std::uint64_t step) const { return step_flag(seq_, step); }
   void wait_consumed(int j, std::uint64_t step) { wait_flag(c_, progress(j).consumed, flag(step), "collective"); }
+  /// Block b of elements [first, first + count) cut into n_ blocks of whole cache lines: where it
+  /// starts (an element of the message) and its length (0 past the end).
+  std::pair<std::size_t, std::size_t> line_block(int b, std::size_t first, std::size_t count) const {
+    const std::size_t line = kCacheLine / esize_;
+    const std::size_t per = ceil_div(ceil_div(count, static_cast<std::size_t>(n_)), line) * line;
+    const std::size_t begin = std::min(count, static_cast<std::size_t>(b) * per);
+    return {first + begin, std::min(count, begin + per) - begin};
+  }
+  /// The end of a call whose peers read or write this rank's own buffers: publishes `consumed`
+  /// (call step 0) and waits for every peer's, so no one touches them after the call returns.
+  void finish_with_peers() {
+    publish(c_, progress(r_).consumed, flag(0));
+    for (int j = 0; j < n_; ++j) {
+      if (j != r_) wait_consumed(j, 0);
+    }
+  }
 
   // ---- The algorithms. ----
   void run_small();                                // shm/small.cpp

@@ -104,13 +104,10 @@ void Call::run_cma_reduce() {
 }
 
 void Call::run_cma_push_allreduce() {
-  // My block: elements [begin, end), whole cache lines; a step at a time, the peers' parts read
-  // into the scratch, reduced with mine into my output, and written from there (still in cache)
-  // into every peer's output.
-  const std::size_t line = kCacheLine / esize_;
-  const std::size_t per = ceil_div(ceil_div(call_.count, static_cast<std::size_t>(n_)), line) * line;
-  const std::size_t begin = std::min(call_.count, static_cast<std::size_t>(r_) * per);
-  const std::size_t end = std::min(call_.count, begin + per);
+  // My block, a step at a time: the peers' parts read into the scratch, reduced with mine into my
+  // output, and written from there (still in cache) into every peer's output.
+  const auto [begin, my_len] = line_block(r_, 0, call_.count);
+  const std::size_t end = begin + my_len;
   const std::size_t step = std::max<std::size_t>(kCmaReduceStep / esize_, 1);
   for (std::size_t at = begin; at < end; at += step) {
     check_job_alive();  // as in shm/push_allreduce.cpp: no writes into a failed job's peers
@@ -121,10 +118,7 @@ void Call::run_cma_push_allreduce() {
     }
   }
   // Peers read my input and write my output: it goes back to the caller once they are done.
-  publish(c_, progress(r_).consumed, flag(0));
-  for (int j = 0; j < n_; ++j) {
-    if (j != r_) wait_consumed(j, 0);
-  }
+  finish_with_peers();
 }
 
 void Call::run_cma_allreduce() {
@@ -134,20 +128,15 @@ void Call::run_cma_allreduce() {
   }
   // Segment by segment (kCmaAllreduceSegment bytes of the message each, so that what a rank
   // reduces is still in cache when its peer reads it back; one step flag per segment), block
-  // b of a segment: its elements [b * per, min(end, (b + 1) * per)), whole cache lines.
+  // b of a segment as line_block cuts it.
   const std::size_t line = kCacheLine / esize_;
   const std::size_t segment = std::max<std::size_t>(kCmaAllreduceSegment / esize_ / line, 1) * line;
   const std::size_t segments = std::max<std::size_t>(ceil_div(call_.count, segment), 1);
   for (std::size_t s = 0; s < segments; ++s) {
     const std::size_t first = s * segment;
     const std::size_t count = std::min(call_.count - first, segment);
-    const std::size_t per = ceil_div(ceil_div(count, static_cast<std::size_t>(n_)), line) * line;
-    auto block = [&](int b) {
-      const std::size_t begin = std::min(count, static_cast<std::size_t>(b) * per);
-      return std::pair{first + begin, std::min(count, begin + per) - begin};
-    };
     // Reduce-scatter: my block from every input, into my output.
-    const auto [mine, my_len] = block(r_);
+    const auto [mine, my_len] = line_block(r_, first, count);
     reduce_from_inputs(mine, my_len);
     // Past this flag no peer reads this segment of my input (in place, my output: the peers
     // overwrite their block of it only after this).
@@ -156,17 +145,14 @@ void Call::run_cma_allreduce() {
     for (int j = 0; j < n_; ++j) {
       if (j == r_) continue;
       wait_flag(c_, progress(j).reduced, flag(s), "collective");
-      const auto [begin, len] = block(j);
+      const auto [begin, len] = line_block(j, first, count);
       if (len != 0) {
         cma_read(j, bytes(call_.output) + begin * esize_, c_.header(j, seq_).output_offset + begin * esize_, len * esize_);
       }
     }
   }
   // The peers read my output: it goes back to the caller once they have.
-  publish(c_, progress(r_).consumed, flag(0));
-  for (int j = 0; j < n_; ++j) {
-    if (j != r_) wait_consumed(j, 0);
-  }
+  finish_with_peers();
 }
 
 }  // namespace nodal::detail

@@ -33,11 +33,8 @@ constexpr std::size_t kPushStreamMinBytes = 4u << 20;
 }  // namespace
 
 void Call::run_push_allreduce() {
-  // Block b: elements [b * per, min(count, (b + 1) * per)), whole cache lines.
-  const std::size_t line = kCacheLine / esize_;
-  const std::size_t per = ceil_div(ceil_div(call_.count, static_cast<std::size_t>(n_)), line) * line;
-  const std::size_t begin = std::min(call_.count, static_cast<std::size_t>(r_) * per);
-  const std::size_t end = std::min(call_.count, begin + per);
+  const auto [begin, my_len] = line_block(r_, 0, call_.count);
+  const std::size_t end = begin + my_len;
   // Out of place, large outputs are written with streaming stores (copy.hpp): their owners read
   // them only after the call, and no line is read before it is written. In place, each line written
   // was just read, and is still in cache: plain stores (streaming ones took 1.5-1.9x longer at
@@ -61,11 +58,8 @@ void Call::run_push_allreduce() {
       if (out != reduced) copy_bytes(out, reduced, len * esize_, stream);
     }
   }
-  // Every output holds every block once every rank has published this.
-  publish(c_, progress(r_).consumed, flag(0));
-  for (int j = 0; j < n_; ++j) {
-    if (j != r_) wait_consumed(j, 0);
-  }
+  // Every output holds every block once every rank has published `consumed`.
+  finish_with_peers();
 }
 
 }  // namespace nodal::detail
