@@ -9,7 +9,9 @@ bench/torch_backend.sh, which runs both backends in one run, interleaved).
         "ddp_step,<ms median of 20>", "local_step,<ms>" (the same step without DDP, the compute)
         and "free_step,<ms>" (DDP with a comm hook that returns each bucket unreduced: the step of
         any backend whose allreduce took no time)
-Both set one torch thread per rank (2 ranks on a 2-core machine).
+Both set one torch thread per rank (2 ranks on a 2-core machine). --arena-allocator (nodal only):
+nodal_torch.use_arena_allocator() right after init_process_group, so that tensors from 1 MiB (the
+model's weights and gradients, DDP's buckets, the all_reduce tensors) live in nodal's arena.
 """
 import argparse
 import statistics
@@ -27,12 +29,18 @@ parser.add_argument("--batch", type=int, default=32, help="ddp: samples per rank
 parser.add_argument("--bucket-cap-mb", type=float, default=25, help="ddp: DDP's bucket_cap_mb (its default: 25)")
 parser.add_argument("--bucket-view", action="store_true",
                     help="ddp: DDP's gradient_as_bucket_view=True (gradients live in the buckets: no copies in and out)")
+parser.add_argument("--arena-allocator", action="store_true",
+                    help="nodal: torch's CPU tensors from 1 MiB in nodal's arena (nodal_torch.use_arena_allocator)")
 args = parser.parse_args()
 if args.backend == "nodal":
-    import nodal_torch  # noqa: F401
+    import nodal_torch
+elif args.arena_allocator:
+    parser.error("--arena-allocator is for --backend nodal")
 
 torch.set_num_threads(1)
 dist.init_process_group(args.backend)
+if args.arena_allocator:
+    nodal_torch.use_arena_allocator()
 RANK = dist.get_rank()
 
 

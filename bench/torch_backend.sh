@@ -2,7 +2,9 @@
 # torch.distributed from Python with the nodal backend beside gloo, in one run: all_reduce of
 # float32 from 4 B to 64 MiB, and the DistributedDataParallel step of a ~9.5M-parameter MLP,
 # 2 ranks under nodalrun, the backends interleaved for R rounds; prints the medians and ratios as
-# a markdown table (bench/torch_backend.py is the rank program).
+# a markdown table (bench/torch_backend.py is the rank program). Three columns: nodal, nodal with
+# its arena allocator (nodal_torch.use_arena_allocator: tensors from 1 MiB in the arena, DDP's
+# buckets among them) and gloo.
 #   bench/torch_backend.sh [-r ROUNDS] [-b BATCH] [-v] [BUILD_DIR]   (defaults: 3, 32, build/release)
 # -v: DDP with gradient_as_bucket_view=True for both backends (gradients live in the buckets).
 # torch's matrix products run on the machine's BLAS: Debian's generic one makes the step's compute
@@ -27,9 +29,11 @@ export PYTHONPATH="$build/integrations/torch" OPENBLAS_NUM_THREADS=1 OMP_NUM_THR
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for ((round = 1; round <= rounds; round++)); do
-  for backend in nodal gloo; do
+  for backend in nodal nodal-arena gloo; do
+    flags=(--backend "${backend%-arena}")
+    [ "$backend" = nodal-arena ] && flags+=(--arena-allocator)
     for mode in allreduce ddp; do
-      "$build/launcher/nodalrun" -n 2 /usr/bin/python3 bench/torch_backend.py "$mode" --backend "$backend" --batch "$batch" "${view[@]}" |
+      "$build/launcher/nodalrun" -n 2 /usr/bin/python3 bench/torch_backend.py "$mode" "${flags[@]}" --batch "$batch" "${view[@]}" |
         sed -n "s/^\[0\] /$backend,/p" >>"$out"
     done
   done
@@ -43,25 +47,29 @@ for line in open(sys.argv[1]):
     rows[tuple(parts[:-1])].append(float(parts[-1]))
 med = {k: statistics.median(v) for k, v in rows.items()}
 print(f"2 ranks, {sys.argv[2]} rounds interleaved, medians; BLAS: {sys.argv[4]}\n")
-print("| all_reduce f32 | nodal | gloo | gloo / nodal |")
-print("|---|---|---|---|")
+names = ["nodal", "nodal-arena", "gloo"]
+print("| all_reduce f32 | nodal | nodal, arena allocator | gloo | gloo / nodal | gloo / nodal (arena allocator) |")
+print("|---|---|---|---|---|---|")
 sizes = sorted({int(k[2]) for k in med if k[1] == "allreduce"})
+def gbs(s, t):
+    return f" ({s / t / 1e3:.2f} GB/s)" if s >= 1 << 20 else ""
 for s in sizes:
-    n, g = med[("nodal", "allreduce", str(s))], med[("gloo", "allreduce", str(s))]
+    n, a, g = (med[(b, "allreduce", str(s))] for b in names)
     label = f"{s} B" if s < 1024 else f"{s >> 10} KiB" if s < 1 << 20 else f"{s >> 20} MiB"
-    extra = f" ({s / n / 1e3:.2f} / {s / g / 1e3:.2f} GB/s)" if s >= 1 << 20 else ""
-    print(f"| {label} | {n:.2f} us | {g:.2f} us | {g / n:.1f}x{extra} |")
+    print(f"| {label} | {n:.2f} us{gbs(s, n)} | {a:.2f} us{gbs(s, a)} | {g:.2f} us{gbs(s, g)} | {g / n:.1f}x | {g / a:.1f}x |")
 params = int(med[("nodal", "parameters")])
 view = ", gradient_as_bucket_view" if sys.argv[5] == "1" else ""
-print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per rank{view} | nodal | gloo | gloo / nodal |")
+print(f"\n| DDP step, {params / 1e6:.2f}M parameters, batch {sys.argv[3]} per rank{view} | nodal | nodal, arena allocator | gloo |")
 print("|---|---|---|---|")
-n, g = med[("nodal", "ddp_step")], med[("gloo", "ddp_step")]
-ln, lg = med[("nodal", "local_step")], med[("gloo", "local_step")]
-fn, fg = med[("nodal", "free_step")], med[("gloo", "free_step")]
-print(f"| step (ms) | {n:.1f} | {g:.1f} | {g / n:.2f}x |")
-print(f"| the same step without DDP (ms) | {ln:.1f} | {lg:.1f} | |")
-print(f"| DDP's share of the step | {(n - ln) / n * 100:.0f} % | {(g - lg) / g * 100:.0f} % | |")
-print(f"| DDP with a free allreduce (a hook that does not reduce; ms) | {fn:.1f} | {fg:.1f} | |")
-print(f"| the allreduce's share of the step | {(n - fn) / n * 100:.0f} % | {(g - fg) / g * 100:.0f} % | |")
-print(f"| the best ratio any backend could reach: gloo's step / a free allreduce's | | | {g / fn:.2f}x |")
+step = {b: med[(b, "ddp_step")] for b in names}
+local = {b: med[(b, "local_step")] for b in names}
+free = {b: med[(b, "free_step")] for b in names}
+g = step["gloo"]
+print("| step (ms) | " + " | ".join(f"{step[b]:.1f}" for b in names) + " |")
+print("| gloo's step / this step | " + " | ".join(f"{g / step[b]:.2f}x" for b in names) + " |")
+print("| the same step without DDP (ms) | " + " | ".join(f"{local[b]:.1f}" for b in names) + " |")
+print("| DDP's share of the step | " + " | ".join(f"{(step[b] - local[b]) / step[b] * 100:.0f} %" for b in names) + " |")
+print("| DDP with a free allreduce (a hook that does not reduce; ms) | " + " | ".join(f"{free[b]:.1f}" for b in names) + " |")
+print("| the allreduce's share of the step | " + " | ".join(f"{(step[b] - free[b]) / step[b] * 100:.0f} %" for b in names) + " |")
+print(f"| the best ratio any backend could reach: gloo's step / a free allreduce's | {g / free['nodal']:.2f}x | {g / free['nodal-arena']:.2f}x | |")
 PY

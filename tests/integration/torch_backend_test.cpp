@@ -77,6 +77,50 @@ TEST_P(TorchRanks, DdpTrainsToGloosParametersAndEveryRankAgrees) {
   EXPECT_EQ(seen, n) << r.out;
 }
 
+TEST_P(TorchRanks, DdpOverTheArenaAllocatorReducesBucketsInPlaceToGloosParameters) {
+  // Every tensor from 4 KiB in the arena, DDP's gradient bucket among them: nodal reduces it in
+  // place in the arena (the in_place algorithm), with the same results as before.
+  const int n = GetParam();
+  ChildResult r = run_script(n, "ddp.py", {"--steps", "100", "--arena-min-bytes", "4096"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] bucket allreduce: in_place$)"), n) << r.out;
+  std::regex line(R"(\[(\d+)\] ddp: 100 steps, max difference (\S+), identical (True|False), ranks agree True)");
+  int seen = 0;
+  for (const auto& l : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(l, m, line)) continue;
+    ++seen;
+    if (n == 2) {
+      EXPECT_EQ(m[3].str(), "True") << l;
+    }
+    EXPECT_LT(std::stod(m[2].str()), 1e-5) << l;
+  }
+  EXPECT_EQ(seen, n) << r.out;
+}
+
+TEST_P(TorchRanks, TheArenaAllocatorPlacesLargeTensorsInTheArenaAndFallsBackWhenFull) {
+  const int n = GetParam();
+  ChildResult r = run({kNodalrun, "-n", std::to_string(n), "--shm-size", "160M", kPython, kScripts + "/arena_allocator.py"},
+                      120s, {"PYTHONPATH=" NODAL_TEST_TORCH_MODULE_DIR, "PYTHONDONTWRITEBYTECODE=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] arena allocator ok: [1-9]\d+ checks$)"), n) << r.out;
+  EXPECT_TRUE(contains(r.err + r.out, "the job's arena has no room for a tensor of")) << r.err;
+}
+
+TEST(TorchBackend, NodalTorchArenaMinBytesInstallsTheArenaAllocatorAtInit) {
+  const std::vector<std::string> env = {"PYTHONPATH=" NODAL_TEST_TORCH_MODULE_DIR, "PYTHONDONTWRITEBYTECODE=1"};
+  ChildResult r = run({kNodalrun, "-n", "2", "-x", "NODAL_TORCH_ARENA_MIN_BYTES=64K", kPython,
+                       kScripts + "/arena_allocator.py", "--env", "64K"},
+                      60s, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d\] env: installed True, min_bytes 65536$)"), 2) << r.out;
+  r = run({kNodalrun, "-n", "2", "-x", "NODAL_TORCH_ARENA_MIN_BYTES=lots", kPython, kScripts + "/arena_allocator.py",
+           "--env", "lots"},
+          60s, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out, R"(^\[\d\] env refused: .*NODAL_TORCH_ARENA_MIN_BYTES: .*)"), 2) << r.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(TorchBackend, TorchRanks, ::testing::Values(2, 3, 4),
                          [](const auto& p) { return "n" + std::to_string(p.param); });
 

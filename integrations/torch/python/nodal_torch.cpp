@@ -1,7 +1,9 @@
 // The Python module nodal_torch: importing it registers the "nodal" backend with
 // torch.distributed (Backend.register_backend, extended API: the creator learns the group's global
 // ranks, which a subgroup needs), so that `dist.init_process_group("nodal")` and
-// `dist.new_group(ranks, backend="nodal")` make ProcessGroupNodal. Also nodal_torch.empty_shared.
+// `dist.new_group(ranks, backend="nodal")` make ProcessGroupNodal. Also nodal_torch.empty_shared
+// and the arena allocator (use_arena_allocator, stop_arena_allocator, arena_allocator_stats).
+#include <nodal/torch/arena_allocator.hpp>
 #include <nodal/torch/arena_tensor.hpp>
 #include <nodal/torch/process_group_nodal.hpp>
 
@@ -48,6 +50,30 @@ PYBIND11_MODULE(nodal_torch, m) {
       },
       py::arg("size"), py::arg("dtype"),
       "An uninitialised CPU tensor in nodal's job arena, which nodal's collectives read and write in place.");
+  m.def(
+      "use_arena_allocator",
+      [](std::size_t min_bytes) {
+        py::gil_scoped_release no_gil;
+        nodal::torch_backend::use_arena_allocator(min_bytes);
+      },
+      py::arg("min_bytes") = nodal::torch_backend::kArenaAllocatorMinBytes,
+      "From now on, CPU tensors of min_bytes or more are allocated in nodal's job arena (DDP's gradient "
+      "buckets among them, when called before DDP is made), so nodal's collectives reduce them in place.");
+  m.def("stop_arena_allocator", &nodal::torch_backend::stop_arena_allocator,
+        "Puts back the CPU allocator use_arena_allocator replaced; tensors already in the arena stay there.");
+  m.def(
+      "arena_allocator_stats",
+      [] {
+        const auto s = nodal::torch_backend::arena_allocator_stats();
+        py::dict d;
+        d["installed"] = s.installed;
+        d["min_bytes"] = s.min_bytes;
+        d["arena_bytes"] = s.arena_bytes;
+        d["fallbacks"] = s.fallbacks;
+        return d;
+      },
+      "This process's arena allocator: installed, min_bytes, arena_bytes (live tensors in the arena), "
+      "fallbacks (allocations the arena had no room for).");
   auto backend = dist.attr("Backend");
   if (!py::hasattr(backend, "NODAL")) {
 #if TORCH_VERSION_MAJOR > 1

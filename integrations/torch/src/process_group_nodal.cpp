@@ -3,6 +3,8 @@
 // (or, for a large allreduce with NODAL_TORCH_ASYNC=1, a pending one: work.hpp).
 #include <nodal/torch/process_group_nodal.hpp>
 
+#include <nodal/torch/arena_allocator.hpp>
+
 #include "p2p_lanes.hpp"
 #include "tensor_bridge.hpp"
 #include "work.hpp"
@@ -125,6 +127,7 @@ c10::intrusive_ptr<ProcessGroupNodal> ProcessGroupNodal::create(int group_rank, 
   } catch (...) {
     std::rethrow_exception(torch_error(std::current_exception(), "joining the job"));
   }
+  use_arena_allocator_from_env();
   if (global_ranks_in_group.empty()) {
     TORCH_CHECK(group_size == world.world_size() && group_rank == world.rank(), "nodal: torch's default group is rank ",
                 group_rank, " of ", group_size, ", but this process is rank ", world.rank(), " of ", world.world_size(),

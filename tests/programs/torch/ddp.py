@@ -4,6 +4,9 @@ Run under nodalrun (tests/integration/torch_backend_test.cpp):
     nodalrun -n N python3 ddp.py [--steps S]
         trains the same model on the same batches twice, DistributedDataParallel over gloo then
         over nodal, and compares the parameters: "ddp: S steps, max difference D, identical B".
+    nodalrun -n N python3 ddp.py [--steps S] --arena-min-bytes B
+        the same with nodal_torch.use_arena_allocator(B) installed first (B small enough for DDP's
+        bucket to be in the arena): also prints "bucket allreduce: <nodal's algorithm>"
     nodalrun -n N python3 ddp.py --steps S --kill-rank R --kill-step K
         trains over nodal only; rank R SIGKILLs itself at step K. The others ignore nodalrun's
         SIGTERM so that they can show what torch raised: "rank r caught RuntimeError after T ms: ..."
@@ -20,16 +23,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import nodal_torch  # noqa: F401  (registers the "nodal" backend)
+import nodal_torch  # registers the "nodal" backend
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--kill-rank", type=int, default=-1)
 parser.add_argument("--kill-step", type=int, default=-1)
+parser.add_argument("--arena-min-bytes", type=int, default=0)
 args = parser.parse_args()
 
 torch.set_num_threads(1)
 dist.init_process_group("nodal")
+if args.arena_min_bytes:
+    nodal_torch.use_arena_allocator(args.arena_min_bytes)
 RANK, N = dist.get_rank(), dist.get_world_size()
 
 
@@ -82,6 +88,9 @@ if args.kill_rank >= 0:
 gloo = dist.new_group(backend="gloo")
 with_gloo = train(gloo)
 with_nodal = train(None)
+if args.arena_min_bytes:
+    # The last call of the last step was the gradient bucket's allreduce.
+    print(f"bucket allreduce: {dist.distributed_c10d._get_default_group().algorithm()}", flush=True)
 diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(with_gloo, with_nodal))
 identical = all(torch.equal(a, b) for a, b in zip(with_gloo, with_nodal))
 # Every rank ends with the same parameters (BatchNorm's running statistics, the buffers, are each

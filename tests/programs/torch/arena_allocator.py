@@ -1,0 +1,133 @@
+"""nodal_torch's arena allocator (integrations/torch/include/nodal/torch/arena_allocator.hpp).
+
+Run under nodalrun (tests/integration/torch_backend_test.cpp):
+    nodalrun -n N --shm-size 160M python3 arena_allocator.py
+        install, tensors from min_bytes in the arena and freed back, an allreduce of them in place
+        (nodal's in_place algorithm), one rank's tensor in the arena and another's not, an arena
+        with no room left (torch's allocator takes over, the results stay right), stop. Prints
+        "arena allocator ok: C checks".
+    nodalrun -n N -x NODAL_TORCH_ARENA_MIN_BYTES=V python3 arena_allocator.py --env V
+        init_process_group installs it from the variable: prints "env: installed I, min_bytes M";
+        a value that is not a byte count: "env refused: <RuntimeError's text>".
+Any failed check raises, which fails the job.
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+
+import nodal_torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--env")
+args = parser.parse_args()
+
+if args.env is not None:
+    try:
+        dist.init_process_group("nodal")
+    except RuntimeError as e:
+        print(f"env refused: {e}", flush=True)
+        raise SystemExit(0)
+    s = nodal_torch.arena_allocator_stats()
+    print(f"env: installed {s['installed']}, min_bytes {s['min_bytes']}", flush=True)
+    big = torch.ones(s["min_bytes"] // 4)
+    assert nodal_torch.arena_allocator_stats()["arena_bytes"] == big.numel() * big.element_size()
+    dist.barrier()  # no rank leaves (and takes torch's store away) while another is still in init
+    dist.destroy_process_group()
+    raise SystemExit(0)
+
+dist.init_process_group("nodal")
+RANK, N = dist.get_rank(), dist.get_world_size()
+PG = dist.distributed_c10d._get_default_group()
+MIN = 1 << 20
+checks = 0
+
+
+def check(ok, what):
+    global checks
+    if not ok:
+        raise AssertionError(f"rank {RANK}: {what}")
+    checks += 1
+
+
+def stats():
+    return nodal_torch.arena_allocator_stats()
+
+
+def nbytes(t):
+    return t.numel() * t.element_size()  # torch 1.13's Tensor has no nbytes
+
+
+def expected_sum(shape):
+    # Rank r contributes r + 1 + i % 7 at element i (exact in f32 at these sizes).
+    base = torch.arange(shape, dtype=torch.float32).remainder(7)
+    return base * N + N * (N + 1) / 2
+
+
+check(not stats()["installed"], "installed before use_arena_allocator")
+try:
+    nodal_torch.use_arena_allocator(0)
+    check(False, "min_bytes 0 accepted")
+except RuntimeError as e:
+    check("min_bytes must be at least 1" in str(e), f"min_bytes 0: {e}")
+
+nodal_torch.use_arena_allocator(MIN)
+s = stats()
+check(s["installed"] and s["min_bytes"] == MIN and s["arena_bytes"] == 0, f"after install: {s}")
+
+# Below min_bytes: torch's memory. From min_bytes: the arena, and back when the tensor goes.
+small = torch.empty(MIN // 4 - 1)
+check(stats()["arena_bytes"] == 0, "a tensor below min_bytes went to the arena")
+elements = (3 << 20) // 4 + 5
+x = torch.arange(elements, dtype=torch.float32).remainder(7) + (RANK + 1)
+check(stats()["arena_bytes"] == nbytes(x), f"a {nbytes(x)}-byte tensor: {stats()}")
+check(x.data_ptr() % 64 == 0, "arena tensor not 64-byte aligned")
+
+# An allreduce of arena tensors on every rank: in place in the arena.
+dist.all_reduce(x)
+check(PG.algorithm() == "in_place", f"allreduce of arena tensors took {PG.algorithm()}")
+check(torch.equal(x, expected_sum(elements)), "allreduce of arena tensors: wrong sum")
+del x
+check(stats()["arena_bytes"] == 0, f"freed tensor still counted: {stats()}")
+
+# One rank's tensor in the arena, the others' in their own memory: right, and not in place.
+if RANK == 1:
+    nodal_torch.stop_arena_allocator()
+    check(not stats()["installed"], "stop_arena_allocator left it installed")
+y = torch.arange(elements, dtype=torch.float32).remainder(7) + (RANK + 1)
+check((stats()["arena_bytes"] == nbytes(y)) == (RANK != 1), f"rank {RANK}'s tensor: {stats()}")
+dist.all_reduce(y)
+check(PG.algorithm() != "in_place", f"a partly-arena allreduce took {PG.algorithm()}")
+check(torch.equal(y, expected_sum(elements)), "partly-arena allreduce: wrong sum")
+del y
+if RANK == 1:
+    nodal_torch.use_arena_allocator(MIN)
+
+# Fill the arena (nodalrun --shm-size 160M, shared by every rank): later tensors come from
+# torch's allocator, counted, and everything still computes and reduces right.
+held = []
+while stats()["fallbacks"] == 0:
+    held.append(torch.full(((16 << 20) // 4,), float(RANK)))
+    check(len(held) < 64, "the arena never ran out")
+over = held[-1]
+check(torch.equal(over, torch.full_like(over, float(RANK))), "a fallback tensor lost its values")
+dist.barrier()  # every rank has filled its share before the next allocation
+z = torch.arange(elements, dtype=torch.float32).remainder(7) + (RANK + 1)
+dist.all_reduce(z)
+check(torch.equal(z, expected_sum(elements)), "allreduce once the arena is full: wrong sum")
+check(stats()["fallbacks"] >= 2, f"fallbacks not counted: {stats()}")
+del held, over, z
+dist.barrier()
+
+# After stop: new tensors are torch's again; tensors already in the arena stay valid.
+w = torch.full((MIN // 4,), 2.0)
+check(stats()["arena_bytes"] == nbytes(w), "a tensor after the fallbacks was not in the arena")
+nodal_torch.stop_arena_allocator()
+v = torch.empty(MIN // 4)
+check(stats()["arena_bytes"] == nbytes(w) and not stats()["installed"], f"after stop: {stats()}")
+check(w.sum().item() == 2.0 * (MIN // 4), "an arena tensor after stop")
+del w, v
+check(stats()["arena_bytes"] == 0, f"after stop, freed: {stats()}")
+
+print(f"arena allocator ok: {checks} checks", flush=True)
+dist.destroy_process_group()
