@@ -18,6 +18,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <unistd.h>
+
 namespace nodal::torch_backend {
 namespace {
 
@@ -29,6 +31,7 @@ struct Block {
   Arena* arena;
   void* data;
   std::size_t bytes;
+  pid_t owner;  ///< the process that allocated it
 };
 
 class ArenaAllocator final : public c10::Allocator {
@@ -39,7 +42,7 @@ class ArenaAllocator final : public c10::Allocator {
       try {
         void* data = arena->allocate(n, 64);
         live_bytes_.fetch_add(n, std::memory_order_relaxed);
-        return {data, new Block{arena, data, n}, &release, c10::Device(c10::kCPU)};
+        return {data, new Block{arena, data, n, ::getpid()}, &release, c10::Device(c10::kCPU)};
       } catch (const ShmError& e) {
         fallbacks_.fetch_add(1, std::memory_order_relaxed);
         TORCH_WARN_ONCE("nodal: the job's arena has no room for a tensor of ", n, " bytes (", e.what(),
@@ -82,8 +85,12 @@ class ArenaAllocator final : public c10::Allocator {
  private:
   static void release(void* context) {
     auto* block = static_cast<Block*>(context);
-    block->arena->deallocate(block->data);
-    the().live_bytes_.fetch_sub(block->bytes, std::memory_order_relaxed);
+    // A forked child (a DataLoader worker, say) holds copies of its parent's tensors, but their
+    // memory is shared, not copied: only the allocating process may give it back.
+    if (block->owner == ::getpid()) {
+      block->arena->deallocate(block->data);
+      the().live_bytes_.fetch_sub(block->bytes, std::memory_order_relaxed);
+    }
     delete block;
   }
 

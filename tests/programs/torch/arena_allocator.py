@@ -4,7 +4,8 @@ Run under nodalrun (tests/integration/torch_backend_test.cpp):
     nodalrun -n N --shm-size 160M python3 arena_allocator.py
         install, tensors from min_bytes in the arena and freed back, an allreduce of them in place
         (nodal's in_place algorithm), one rank's tensor in the arena and another's not, an arena
-        with no room left (torch's allocator takes over, the results stay right), stop. Prints
+        with no room left (torch's allocator takes over, the results stay right), a forked child
+        that drops an arena tensor (its parent's block stays), stop. Prints
         "arena allocator ok: C checks".
     nodalrun -n N -x NODAL_TORCH_ARENA_MIN_BYTES=V python3 arena_allocator.py --env V
         init_process_group installs it from the variable: prints "env: installed I, min_bytes M";
@@ -12,6 +13,8 @@ Run under nodalrun (tests/integration/torch_backend_test.cpp):
 Any failed check raises, which fails the job.
 """
 import argparse
+import gc
+import os
 
 import torch
 import torch.distributed as dist
@@ -118,6 +121,19 @@ check(torch.equal(z, expected_sum(elements)), "allreduce once the arena is full:
 check(stats()["fallbacks"] >= 2, f"fallbacks not counted: {stats()}")
 del held, over, z
 dist.barrier()
+
+# A forked child drops its copy of an arena tensor: the parent's block stays allocated (a
+# child's free would hand it to the parent's next tensor).
+keep = torch.full((MIN // 4,), 5.0)
+pid = os.fork()
+if pid == 0:
+    del keep
+    gc.collect()
+    os._exit(0)
+check(os.waitpid(pid, 0)[1] == 0, "the forked child failed")
+other = torch.full((MIN // 4,), 7.0)
+check(keep.data_ptr() != other.data_ptr() and torch.all(keep == 5.0).item(), "a forked child freed its parent's block")
+del keep, other
 
 # After stop: new tensors are torch's again; tensors already in the arena stay valid.
 w = torch.full((MIN // 4,), 2.0)

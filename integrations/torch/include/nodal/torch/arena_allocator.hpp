@@ -6,6 +6,8 @@
 // allocator that was there before (torch's own), so running out of arena never fails a tensor.
 // The idea is the one of PyTorch's pinned-memory and CUDA caching allocators: swap the memory
 // under at::empty, not the program. Set it before DDP is made (DDP allocates its buckets then).
+// Like tensor.share_memory_(), arena tensors are not copied on fork: a forked child (a DataLoader
+// worker) that writes one writes its parent's; a child never frees its parent's blocks.
 #pragma once
 
 #include <cstddef>
