@@ -60,7 +60,8 @@ PYBIND11_MODULE(nodal_torch, m) {
       "From now on, CPU tensors of min_bytes or more are allocated in nodal's job arena (DDP's gradient "
       "buckets among them, when called before DDP is made), so nodal's collectives reduce them in place.");
   m.def("stop_arena_allocator", &nodal::torch_backend::stop_arena_allocator,
-        "Puts back the CPU allocator use_arena_allocator replaced; tensors already in the arena stay there.");
+        "Puts back the CPU allocator use_arena_allocator replaced: no tensor goes to the arena after it; "
+        "tensors already there stay.");
   m.def(
       "arena_allocator_stats",
       [] {

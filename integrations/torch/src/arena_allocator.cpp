@@ -14,9 +14,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include <unistd.h>
 
@@ -26,85 +29,137 @@ namespace {
 /// Above torch's own registration (priority 0), so that SetCPUAllocator takes it.
 constexpr std::uint8_t kPriority = 1;
 
-/// One tensor's block: what the DataPtr's deleter needs.
-struct Block {
-  Arena* arena;
-  void* data;
+/// In front of every arena block this allocator hands out (the tensor's bytes follow at +64, so
+/// the DataPtr's context is its data pointer, as torch's raw_allocate requires).
+struct alignas(64) BlockHeader {
   std::size_t bytes;
-  pid_t owner;  ///< the process that allocated it
+  pid_t owner;  ///< the process that allocated it: only it gives the block back
 };
+constexpr std::size_t kHeaderBytes = sizeof(BlockHeader);
+static_assert(kHeaderBytes == 64);
+
+/// What the allocator leaves free in the arena for nodal itself (communicators, queues, the
+/// v-variants' scratch) and for tensors made with nodal_torch.empty_shared: an eighth of the
+/// arena, at least 16 MiB and at most 256 MiB.
+std::size_t reserve_of(std::size_t arena_bytes) {
+  return std::clamp<std::size_t>(arena_bytes / 8, std::size_t{16} << 20, std::size_t{256} << 20);
+}
 
 class ArenaAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) NODAL_TORCH_ALLOCATE_CONST override {
-    Arena* arena = arena_.load(std::memory_order_acquire);
-    if (arena != nullptr && n >= min_bytes_.load(std::memory_order_relaxed)) {
-      try {
-        void* data = arena->allocate(n, 64);
-        live_bytes_.fetch_add(n, std::memory_order_relaxed);
-        return {data, new Block{arena, data, n, ::getpid()}, &release, c10::Device(c10::kCPU)};
-      } catch (const ShmError& e) {
-        fallbacks_.fetch_add(1, std::memory_order_relaxed);
-        TORCH_WARN_ONCE("nodal: the job's arena has no room for a tensor of ", n, " bytes (", e.what(),
-                        "): it and later tensors the arena cannot hold come from torch's allocator, and nodal's "
-                        "collectives copy them");
-      }
+    if (n >= min_bytes_.load(std::memory_order_relaxed) && enabled_.load(std::memory_order_acquire) &&
+        ::getpid() == installer_.load(std::memory_order_relaxed)) {  // a forked child (a DataLoader worker) keeps to torch's memory
+      if (void* data = arena_allocate(n)) return {data, data, &release, c10::Device(c10::kCPU)};
     }
     return fallback_.load(std::memory_order_acquire)->allocate(n);
   }
 
-#if NODAL_TORCH_ALLOCATOR_COPY_DATA
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-#endif
-
-  /// Installs this allocator (the caller holds mutex_).
-  void install(Arena& arena, std::size_t min_bytes) {
-    min_bytes_.store(min_bytes, std::memory_order_relaxed);
-    arena_.store(&arena, std::memory_order_release);
-    c10::Allocator* current = c10::GetCPUAllocator();
-    if (current == this) return;
-    fallback_.store(current, std::memory_order_release);
-    c10::SetCPUAllocator(this, kPriority);
-    TORCH_CHECK(c10::GetCPUAllocator() == this,
-                "nodal: use_arena_allocator: torch kept its CPU allocator (another was set with a higher priority)");
+  /// For torch's raw_allocate / raw_deallocate (mkldnn's buffers): one deleter for the arena's
+  /// blocks and the fallback's.
+  c10::DeleterFnPtr raw_deleter() const override {
+    return fallback_raw_.load(std::memory_order_acquire) != nullptr ? &release : nullptr;
   }
 
-  /// Puts the allocator it replaced back (the caller holds mutex_).
+  /// torch >= 2.2 declares it pure virtual (copy-on-write tensors); an unrelated member before.
+  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+
+  /// Installs this allocator (the caller holds mutex). Changes nothing when torch refuses it.
+  void install(Arena& arena, std::size_t min_bytes) {
+    c10::Allocator* current = c10::GetCPUAllocator();
+    if (current != this) {
+      c10::Allocator* before = fallback_.exchange(current, std::memory_order_acq_rel);
+      c10::SetCPUAllocator(this, kPriority);
+      if (c10::GetCPUAllocator() != this) {
+        fallback_.store(before, std::memory_order_release);
+        raise("nodal: use_arena_allocator: torch kept its CPU allocator (another was set with a higher priority)");
+      }
+      fallback_raw_.store(current->raw_deleter(), std::memory_order_release);
+    }
+    min_bytes_.store(min_bytes, std::memory_order_relaxed);
+    reserve_.store(reserve_of(arena.size()), std::memory_order_relaxed);
+    installer_.store(::getpid(), std::memory_order_relaxed);
+    arena_.store(&arena, std::memory_order_release);
+    enabled_.store(true, std::memory_order_release);
+  }
+
+  /// Puts the allocator it replaced back (the caller holds mutex). Storages made meanwhile keep
+  /// this allocator for their resize_(), which then gets torch's memory too.
   void uninstall() {
-    if (c10::GetCPUAllocator() != this) return;
-    c10::SetCPUAllocator(fallback_.load(std::memory_order_acquire), kPriority);
+    enabled_.store(false, std::memory_order_release);
+    if (c10::GetCPUAllocator() == this) c10::SetCPUAllocator(fallback_.load(std::memory_order_acquire), kPriority);
   }
 
   ArenaAllocatorStats stats() const noexcept {
-    return {c10::GetCPUAllocator() == this, min_bytes_.load(std::memory_order_relaxed),
-            live_bytes_.load(std::memory_order_relaxed), fallbacks_.load(std::memory_order_relaxed)};
+    return {enabled_.load(std::memory_order_acquire) && c10::GetCPUAllocator() == this,
+            min_bytes_.load(std::memory_order_relaxed), live_bytes_.load(std::memory_order_relaxed),
+            fallbacks_.load(std::memory_order_relaxed)};
   }
 
-  std::mutex mutex;  ///< install and uninstall
-
- private:
-  static void release(void* context) {
-    auto* block = static_cast<Block*>(context);
-    // A forked child (a DataLoader worker, say) holds copies of its parent's tensors, but their
-    // memory is shared, not copied: only the allocating process may give it back.
-    if (block->owner == ::getpid()) {
-      block->arena->deallocate(block->data);
-      the().live_bytes_.fetch_sub(block->bytes, std::memory_order_relaxed);
-    }
-    delete block;
-  }
-
- public:
   /// Never destroyed: torch frees tensors after static destructors have run (arenas live as long).
   static ArenaAllocator& the() {
     static auto* allocator = new ArenaAllocator;
     return *allocator;
   }
 
+  std::mutex mutex;  ///< install and uninstall
+
  private:
+  /// `n` bytes in the arena, or nullptr (counted, warned once) when taking them would leave less
+  /// than the reserve free or the arena cannot give them.
+  void* arena_allocate(std::size_t n) const {
+    Arena* arena = arena_.load(std::memory_order_acquire);
+    const std::size_t need = n + kHeaderBytes;
+    // free_bytes() is a read without the arena's lock: a hint that spares a full arena the lock.
+    std::string why;
+    if (arena->free_bytes() < need + reserve_.load(std::memory_order_relaxed)) {
+      why = no_room_reason(*arena);
+    } else {
+      try {
+        auto* header = static_cast<BlockHeader*>(arena->allocate(need, 64));
+        header->bytes = n;
+        header->owner = ::getpid();
+        live_bytes_.fetch_add(n, std::memory_order_relaxed);
+        return reinterpret_cast<std::byte*>(header) + kHeaderBytes;
+      } catch (const Error& e) {  // ShmError: no room; PeerFailure: the job is failing anyway
+        why = e.what();
+      }
+    }
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    TORCH_WARN_ONCE("nodal: the job's arena has no room for a tensor of ", n, " bytes (", why,
+                    "): it and later tensors the arena cannot hold come from torch's allocator, and nodal's "
+                    "collectives copy them");
+    return nullptr;
+  }
+
+  std::string no_room_reason(const Arena& arena) const {
+    return c10::str(arena.free_bytes(), " bytes free of ", arena.size(), ", ", reserve_.load(std::memory_order_relaxed),
+                    " kept for nodal itself: raise nodalrun --shm-size");
+  }
+
+  /// The DataPtr deleter of arena blocks, and raw_deleter() for every pointer.
+  static void release(void* data) {
+    ArenaAllocator& self = the();
+    Arena* arena = self.arena_.load(std::memory_order_acquire);
+    if (arena == nullptr || !arena->contains(data)) {
+      self.fallback_raw_.load(std::memory_order_acquire)(data);
+      return;
+    }
+    auto* header = reinterpret_cast<BlockHeader*>(static_cast<std::byte*>(data) - kHeaderBytes);
+    // A forked child holds copies of its parent's tensors, but their memory is shared, not
+    // copied: only the allocating process may give it back.
+    if (header->owner != ::getpid()) return;
+    self.live_bytes_.fetch_sub(header->bytes, std::memory_order_relaxed);
+    arena->deallocate(header);
+  }
+
+  std::atomic<bool> enabled_{false};
   std::atomic<Arena*> arena_{nullptr};
   std::atomic<c10::Allocator*> fallback_{c10::GetDefaultCPUAllocator()};
+  std::atomic<c10::DeleterFnPtr> fallback_raw_{nullptr};
   std::atomic<std::size_t> min_bytes_{kArenaAllocatorMinBytes};
+  std::atomic<std::size_t> reserve_{0};
+  std::atomic<pid_t> installer_{0};
   mutable std::atomic<std::size_t> live_bytes_{0};
   mutable std::atomic<std::size_t> fallbacks_{0};
 };
@@ -114,10 +169,17 @@ class ArenaAllocator final : public c10::Allocator {
 void use_arena_allocator(std::size_t min_bytes) {
   TORCH_CHECK(min_bytes > 0, "nodal: use_arena_allocator: min_bytes must be at least 1");
   Arena* arena = nullptr;
+  bool launched = false;
   try {
-    arena = &nodal::init().arena();
+    const Context context = nodal::init();
+    arena = &context.arena();
+    launched = context.launched();
   } catch (const Error& e) {
     raise(c10::str("nodal: use_arena_allocator: ", e.what()));
+  }
+  if (!launched) {
+    TORCH_WARN("nodal: use_arena_allocator: this process was not started by nodalrun, so the arena is its own: "
+               "no other process reads its tensors in place");
   }
   ArenaAllocator& allocator = ArenaAllocator::the();
   std::lock_guard lock(allocator.mutex);

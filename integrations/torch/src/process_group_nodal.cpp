@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 
 namespace nodal::torch_backend {
@@ -127,12 +128,15 @@ c10::intrusive_ptr<ProcessGroupNodal> ProcessGroupNodal::create(int group_rank, 
   } catch (...) {
     std::rethrow_exception(torch_error(std::current_exception(), "joining the job"));
   }
-  use_arena_allocator_from_env();
   if (global_ranks_in_group.empty()) {
     TORCH_CHECK(group_size == world.world_size() && group_rank == world.rank(), "nodal: torch's default group is rank ",
                 group_rank, " of ", group_size, ", but this process is rank ", world.rank(), " of ", world.world_size(),
                 " in its nodal job: the nodal backend runs in ranks started by nodalrun, with torch's RANK and "
                 "WORLD_SIZE left as nodalrun sets them");
+    // Once per process, for the default group: a later new_group must not undo a script's own
+    // stop_arena_allocator() or min_bytes.
+    static std::once_flag arena_allocator_from_env;
+    std::call_once(arena_allocator_from_env, use_arena_allocator_from_env);
     return c10::make_intrusive<ProcessGroupNodal>(world);
   }
   TORCH_CHECK(static_cast<int>(global_ranks_in_group.size()) == group_size, "nodal: a group of size ", group_size,

@@ -5,10 +5,12 @@ Run under nodalrun (tests/integration/torch_backend_test.cpp):
         install, tensors from min_bytes in the arena and freed back, an allreduce of them in place
         (nodal's in_place algorithm), one rank's tensor in the arena and another's not, an arena
         with no room left (torch's allocator takes over, the results stay right), a forked child
-        that drops an arena tensor (its parent's block stays), stop. Prints
+        that drops an arena tensor (its parent's block stays) and allocates its own (torch's
+        memory), torch's raw allocations (mkldnn, conv2d), stop and resize_ after it. Prints
         "arena allocator ok: C checks".
     nodalrun -n N -x NODAL_TORCH_ARENA_MIN_BYTES=V python3 arena_allocator.py --env V
-        init_process_group installs it from the variable: prints "env: installed I, min_bytes M";
+        init_process_group installs it from the variable: prints "env: installed I, min_bytes M"
+        (and a new_group after stop_arena_allocator() leaves it stopped);
         a value that is not a byte count: "env refused: <RuntimeError's text>".
 Any failed check raises, which fails the job.
 """
@@ -35,6 +37,10 @@ if args.env is not None:
     print(f"env: installed {s['installed']}, min_bytes {s['min_bytes']}", flush=True)
     big = torch.ones(s["min_bytes"] // 4)
     assert nodal_torch.arena_allocator_stats()["arena_bytes"] == big.numel() * big.element_size()
+    # A later group must not reinstall it: the variable is read for the default group only.
+    nodal_torch.stop_arena_allocator()
+    dist.new_group(list(range(dist.get_world_size())), backend="nodal")
+    assert not nodal_torch.arena_allocator_stats()["installed"], "new_group reinstalled the arena allocator"
     dist.barrier()  # no rank leaves (and takes torch's store away) while another is still in init
     dist.destroy_process_group()
     raise SystemExit(0)
@@ -119,8 +125,29 @@ z = torch.arange(elements, dtype=torch.float32).remainder(7) + (RANK + 1)
 dist.all_reduce(z)
 check(torch.equal(z, expected_sum(elements)), "allreduce once the arena is full: wrong sum")
 check(stats()["fallbacks"] >= 2, f"fallbacks not counted: {stats()}")
+# nodal itself still has room (the allocator's reserve): a new communicator and a call that stages
+# in the arena (all_to_all_single with split sizes: the v-variants' scratch).
+group = dist.new_group(list(range(N)), backend="nodal")
+splits = [j + 1 for j in range(N)]
+send = torch.full((sum(splits),), float(RANK))
+recv = torch.empty(N * (RANK + 1))
+dist.all_to_all_single(recv, send, output_split_sizes=[RANK + 1] * N, input_split_sizes=splits, group=group)
+check(torch.equal(recv, torch.arange(N, dtype=torch.float32).repeat_interleave(RANK + 1)), "all_to_all_single once the arena is full")
 del held, over, z
 dist.barrier()
+
+# torch's raw allocations (mkldnn's buffers: raw_allocate / raw_deallocate) go through the same
+# allocator, from the arena and from torch's.
+dense = torch.randn(512, 1024, generator=torch.Generator().manual_seed(RANK))
+for shape in [(512, 1024), (8, 16)]:
+    d = dense[: shape[0], : shape[1]].contiguous()
+    check(torch.equal(d.to_mkldnn().to_dense(), d), f"to_mkldnn of {shape}")
+image = torch.randn(1, 4, 256, 256)
+kernel = torch.randn(8, 4, 3, 3)
+out = torch.nn.functional.conv2d(image, kernel, padding=1)
+check(out.shape == (1, 8, 256, 256) and torch.isfinite(out).all().item(), "conv2d")
+del d, dense, image, kernel, out
+check(stats()["arena_bytes"] == 0, f"after the raw allocations: {stats()}")
 
 # A forked child drops its copy of an arena tensor: the parent's block stays allocated (a
 # child's free would hand it to the parent's next tensor).
@@ -129,8 +156,11 @@ pid = os.fork()
 if pid == 0:
     del keep
     gc.collect()
-    os._exit(0)
-check(os.waitpid(pid, 0)[1] == 0, "the forked child failed")
+    # Its own large tensors come from torch's allocator, not the job's arena.
+    before = stats()["arena_bytes"]
+    mine = torch.ones(MIN)
+    os._exit(0 if stats()["arena_bytes"] == before and mine.sum().item() == MIN else 1)
+check(os.waitpid(pid, 0)[1] == 0, "the forked child's tensor went to the arena (or the child failed)")
 other = torch.full((MIN // 4,), 7.0)
 check(keep.data_ptr() != other.data_ptr() and torch.all(keep == 5.0).item(), "a forked child freed its parent's block")
 del keep, other
@@ -142,6 +172,8 @@ nodal_torch.stop_arena_allocator()
 v = torch.empty(MIN // 4)
 check(stats()["arena_bytes"] == nbytes(w) and not stats()["installed"], f"after stop: {stats()}")
 check(w.sum().item() == 2.0 * (MIN // 4), "an arena tensor after stop")
+w.resize_(4 * MIN)  # its storage's allocator is the arena allocator, now stopped: torch's memory
+check(stats()["arena_bytes"] == 0, f"resize_ after stop went to the arena: {stats()}")
 del w, v
 check(stats()["arena_bytes"] == 0, f"after stop, freed: {stats()}")
 

@@ -4,10 +4,19 @@
 // allreduce that moves a copy's traffic per rank, instead of bringing the peer's data across
 // processes first). Smaller tensors, and any allocation the arena has no room for, come from the
 // allocator that was there before (torch's own), so running out of arena never fails a tensor.
-// The idea is the one of PyTorch's pinned-memory and CUDA caching allocators: swap the memory
-// under at::empty, not the program. Set it before DDP is made (DDP allocates its buckets then).
-// Like tensor.share_memory_(), arena tensors are not copied on fork: a forked child (a DataLoader
-// worker) that writes one writes its parent's; a child never frees its parent's blocks.
+// The allocator leaves an eighth of the arena (16 MiB to 256 MiB) to nodal itself (communicators,
+// queues, empty_shared tensors). The idea is the one of PyTorch's pinned-memory and CUDA caching
+// allocators: swap the memory under at::empty, not the program. Set it before DDP is made (DDP
+// allocates its buckets then).
+// - Cost: an arena allocation takes the node-wide arena lock (about 25 us for 16 MiB against
+//   1-2 us from malloc on the 2-core VM): worth it for long-lived tensors, not for a program
+//   that allocates many large temporaries.
+// - fork: arena tensors are not copied on fork. A forked child (a DataLoader worker) that writes
+//   one writes its parent's; a child never frees its parent's blocks, and its own tensors come
+//   from torch's allocator.
+// - torch.multiprocessing: torch does not know arena memory as shared, so share_memory_() (or
+//   sending the tensor through an mp.Queue) copies it into a segment of torch's own and the
+//   tensor leaves the arena. nodal_torch.empty_shared and nodal's queues keep it there.
 #pragma once
 
 #include <cstddef>
@@ -22,11 +31,14 @@ inline constexpr std::size_t kArenaAllocatorMinBytes = std::size_t{1} << 20;
 /// uninitialised, like torch's own), the others torch's. Calling it again changes `min_bytes`.
 /// Tensors allocated before keep their memory; tensors in the arena stay valid after
 /// stop_arena_allocator(). Joins the job (nodal::init(); a process started without nodalrun is
-/// a singleton with its own arena). Throws c10::Error for min_bytes 0 or when the arena cannot be
-/// mapped. Thread-safe.
+/// a singleton with its own arena, and gets a warning). Throws c10::Error for min_bytes 0 or when
+/// the arena cannot be mapped. Calls are serialised, but c10::SetCPUAllocator is a plain global
+/// store: call it before other threads allocate tensors (right after init_process_group).
 void use_arena_allocator(std::size_t min_bytes = kArenaAllocatorMinBytes);
 
-/// Puts back the allocator use_arena_allocator() replaced. No-op when it is not installed.
+/// Puts back the allocator use_arena_allocator() replaced: no tensor goes to the arena after it
+/// (storages made meanwhile keep this allocator for resize_(), which then gets torch's memory).
+/// No-op when it is not installed. The same caveat about threads as use_arena_allocator().
 void stop_arena_allocator();
 
 /// Arena allocator statistics, this process: bytes of live tensors in the arena, and allocations

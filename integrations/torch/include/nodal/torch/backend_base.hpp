@@ -1,7 +1,7 @@
 // The one place that knows which torch it is built against (torch-ccl's way, v2.0.0+cpu): torch
 // 1.x process groups derive from c10d::ProcessGroup, torch >= 2 backends from c10d::Backend, with
-// the same virtual signatures; c10::Allocator::allocate is const before torch 2.3, which also
-// added the pure virtual copy_data. Internal.
+// the same virtual signatures; c10::Allocator::allocate is const before torch 2.3 (pytorch#120969).
+// Internal.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -14,10 +14,8 @@
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define NODAL_TORCH_ALLOCATE_CONST
-#define NODAL_TORCH_ALLOCATOR_COPY_DATA 1
 #else
 #define NODAL_TORCH_ALLOCATE_CONST const
-#define NODAL_TORCH_ALLOCATOR_COPY_DATA 0
 #endif
 
 namespace nodal::torch_backend {

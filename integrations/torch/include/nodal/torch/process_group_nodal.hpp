@@ -57,8 +57,9 @@ class ProcessGroupNodal final : public BackendBase {
   /// (empty for the default group, which is nodal's world: `group_size` must be the job's
   /// world_size and `group_rank` this rank, or c10::Error says how they differ). A subgroup is
   /// made by its members alone (Communicator::create_group, tagged with `group_id`, torch's group
-  /// name), as torch calls the creator in the members only. Installs the arena allocator when
-  /// NODAL_TORCH_ARENA_MIN_BYTES is set (arena_allocator.hpp). Throws c10::Error outside a nodal job.
+  /// name), as torch calls the creator in the members only. The first default group installs the
+  /// arena allocator when NODAL_TORCH_ARENA_MIN_BYTES is set (arena_allocator.hpp). Throws
+  /// c10::Error outside a nodal job.
   static c10::intrusive_ptr<ProcessGroupNodal> create(int group_rank, int group_size,
                                                        const std::vector<std::int64_t>& global_ranks_in_group,
                                                        const std::string& group_id = "");
