@@ -56,25 +56,31 @@ TEST_P(TorchRanks, EveryOpMatchesGlooAndTheRankOrderReference) {
   EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] ops ok: [1-9]\d+ checks$)"), n) << r.out;
 }
 
-TEST_P(TorchRanks, DdpTrainsToGloosParametersAndEveryRankAgrees) {
-  const int n = GetParam();
-  ChildResult r = run_script(n, "ddp.py", {"--steps", "300"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  std::regex line(R"(\[(\d+)\] ddp: 300 steps, max difference (\S+), identical (True|False), ranks agree (True|False))");
+/// ddp.py's verdict on every one of `n` ranks after `steps` steps: its parameters match gloo's run
+/// (the same bits on 2 ranks, where both add in the same order, one addition per element; from
+/// three on gloo's ring adds in another order than nodal's rank order) and every rank agrees.
+void expect_ddp_matches_gloo(const ChildResult& r, int n, int steps) {
+  std::regex line(R"(\[(\d+)\] ddp: )" + std::to_string(steps) +
+                  R"( steps, max difference (\S+), identical (True|False), ranks agree (True|False))");
   int seen = 0;
   for (const auto& l : lines_of(r.out)) {
     std::smatch m;
     if (!std::regex_match(l, m, line)) continue;
     ++seen;
     EXPECT_EQ(m[4].str(), "True") << l;
-    // Two ranks add in the same order as gloo (one addition per element): the same bits. From
-    // three on, gloo's ring adds in another order than nodal's rank order.
     if (n == 2) {
       EXPECT_EQ(m[3].str(), "True") << l;
     }
     EXPECT_LT(std::stod(m[2].str()), 1e-5) << l;
   }
   EXPECT_EQ(seen, n) << r.out;
+}
+
+TEST_P(TorchRanks, DdpTrainsToGloosParametersAndEveryRankAgrees) {
+  const int n = GetParam();
+  ChildResult r = run_script(n, "ddp.py", {"--steps", "300"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  expect_ddp_matches_gloo(r, n, 300);
 }
 
 TEST_P(TorchRanks, DdpOverTheArenaAllocatorReducesBucketsInPlaceToGloosParameters) {
@@ -84,18 +90,7 @@ TEST_P(TorchRanks, DdpOverTheArenaAllocatorReducesBucketsInPlaceToGloosParameter
   ChildResult r = run_script(n, "ddp.py", {"--steps", "100", "--arena-min-bytes", "4096"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(count_lines(r.out, R"(^\[\d+\] bucket allreduce: in_place$)"), n) << r.out;
-  std::regex line(R"(\[(\d+)\] ddp: 100 steps, max difference (\S+), identical (True|False), ranks agree True)");
-  int seen = 0;
-  for (const auto& l : lines_of(r.out)) {
-    std::smatch m;
-    if (!std::regex_match(l, m, line)) continue;
-    ++seen;
-    if (n == 2) {
-      EXPECT_EQ(m[3].str(), "True") << l;
-    }
-    EXPECT_LT(std::stod(m[2].str()), 1e-5) << l;
-  }
-  EXPECT_EQ(seen, n) << r.out;
+  expect_ddp_matches_gloo(r, n, 100);
 }
 
 TEST_P(TorchRanks, TheArenaAllocatorPlacesLargeTensorsInTheArenaAndFallsBackWhenFull) {
