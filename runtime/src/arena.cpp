@@ -226,6 +226,22 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
   return p;
 }
 
+void* Arena::allocate_leaving(std::size_t bytes, std::size_t keep, std::size_t alignment) {
+  void* result = nullptr;
+  auto body = [&] {
+    const std::size_t free = free_bytes();
+    if (bytes > free || free - bytes < keep) return;
+    result = allocate(bytes, alignment);
+  };
+  try {
+    const detail::TerminationShield shield;
+    segment_->buffer.get_segment_manager()->atomic_func(body);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
+  }
+  return result;
+}
+
 void Arena::deallocate(void* pointer) noexcept {
   // The pages stay reserved: the next tensor of that size reuses them without faulting them in
   // again (the one-copy path is then a plain memcpy). They go back to the kernel with the arena.

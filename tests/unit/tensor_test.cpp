@@ -348,6 +348,40 @@ TEST(ShareMemoryTest, ArenaBlockIsFreedWithItsLastReference) {
   EXPECT_THROW(Storage::adopt_arena(*arena, offset), nodal::ShmError);  // a stale handle
 }
 
+TEST(ShareMemoryTest, AllocateLeavingKeepsTheRoomItIsAskedToKeep) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  auto arena = Arena::create(64 * kMiB);
+  const std::size_t free_at_start = arena->free_bytes();
+  EXPECT_EQ(arena->allocate_leaving(free_at_start + 1, 0), nullptr);  // more than there is
+  EXPECT_EQ(arena->allocate_leaving(kMiB, free_at_start), nullptr);  // would cut into the room kept
+  EXPECT_EQ(arena->allocate_leaving(SIZE_MAX, 0), nullptr);
+  void* one = arena->allocate_leaving(kMiB, 8 * kMiB);
+  ASSERT_NE(one, nullptr);
+  EXPECT_LE(arena->free_bytes(), free_at_start - kMiB);
+  arena->deallocate(one);
+  // Two processes taking blocks at once, each until it is refused: together they never go
+  // below the room kept (the check and the allocation are one step under the arena's lock).
+  constexpr std::size_t kKeep = 16 * kMiB;
+  pid_t children[2];
+  for (pid_t& child : children) {
+    child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      while (arena->allocate_leaving(kMiB, kKeep) != nullptr) {
+      }  // the blocks are never freed
+      _exit(0);
+    }
+  }
+  for (pid_t child : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  EXPECT_GE(arena->free_bytes(), kKeep);
+  EXPECT_LT(arena->free_bytes(), kKeep + 2 * kMiB);  // they did fill it up to the room kept
+  EXPECT_NE(arena->allocate(8 * kMiB), nullptr);  // the room is there for a plain allocate()
+}
+
 TEST(ShareMemoryTest, AdoptRejectsOffsetsWithoutAStorage) {
   auto arena = Arena::create(64 << 20);
   EXPECT_THROW(Storage::adopt_arena(*arena, 4096 + 64), nodal::ShmError);

@@ -60,8 +60,8 @@ PYBIND11_MODULE(nodal_torch, m) {
       "From now on, CPU tensors of min_bytes or more are allocated in nodal's job arena (DDP's gradient "
       "buckets among them, when called before DDP is made), so nodal's collectives reduce them in place.");
   m.def("stop_arena_allocator", &nodal::torch_backend::stop_arena_allocator,
-        "Puts back the CPU allocator use_arena_allocator replaced: no tensor goes to the arena after it; "
-        "tensors already there stay.");
+        "From now on no tensor goes to the arena (torch's own allocator gets every allocation); tensors "
+        "already there stay.");
   m.def(
       "arena_allocator_stats",
       [] {
@@ -69,12 +69,12 @@ PYBIND11_MODULE(nodal_torch, m) {
         py::dict d;
         d["installed"] = s.installed;
         d["min_bytes"] = s.min_bytes;
-        d["arena_bytes"] = s.arena_bytes;
+        d["live_bytes"] = s.live_bytes;
         d["fallbacks"] = s.fallbacks;
         return d;
       },
-      "This process's arena allocator: installed, min_bytes, arena_bytes (live tensors in the arena), "
-      "fallbacks (allocations the arena had no room for).");
+      "This process's arena allocator: installed, min_bytes, live_bytes (bytes of its tensors now in the "
+      "arena), fallbacks (allocations the arena had no room for).");
   auto backend = dist.attr("Backend");
   if (!py::hasattr(backend, "NODAL")) {
 #if TORCH_VERSION_MAJOR > 1

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include <unistd.h>
@@ -57,24 +58,31 @@ class ArenaAllocator final : public c10::Allocator {
 
   /// For torch's raw_allocate / raw_deallocate (mkldnn's buffers): one deleter for the arena's
   /// blocks and the fallback's.
-  c10::DeleterFnPtr raw_deleter() const override {
-    return fallback_raw_.load(std::memory_order_acquire) != nullptr ? &release : nullptr;
-  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
-  /// torch >= 2.2 declares it pure virtual (copy-on-write tensors); an unrelated member before.
+  /// torch >= 2.2 declares it pure virtual (copy-on-write tensors); an unrelated member before, so
+  /// it carries no `override` (which clang would flag as inconsistent).
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
   /// Installs this allocator (the caller holds mutex). Changes nothing when torch refuses it.
   void install(Arena& arena, std::size_t min_bytes) {
     c10::Allocator* current = c10::GetCPUAllocator();
     if (current != this) {
       c10::Allocator* before = fallback_.exchange(current, std::memory_order_acq_rel);
+      c10::DeleterFnPtr raw_before = fallback_raw_.exchange(current->raw_deleter(), std::memory_order_acq_rel);
       c10::SetCPUAllocator(this, kPriority);
       if (c10::GetCPUAllocator() != this) {
         fallback_.store(before, std::memory_order_release);
+        fallback_raw_.store(raw_before, std::memory_order_release);
         raise("nodal: use_arena_allocator: torch kept its CPU allocator (another was set with a higher priority)");
       }
-      fallback_raw_.store(current->raw_deleter(), std::memory_order_release);
     }
     min_bytes_.store(min_bytes, std::memory_order_relaxed);
     reserve_.store(reserve_of(arena.size()), std::memory_order_relaxed);
@@ -83,15 +91,13 @@ class ArenaAllocator final : public c10::Allocator {
     enabled_.store(true, std::memory_order_release);
   }
 
-  /// Puts the allocator it replaced back (the caller holds mutex). Storages made meanwhile keep
-  /// this allocator for their resize_(), which then gets torch's memory too.
-  void uninstall() {
-    enabled_.store(false, std::memory_order_release);
-    if (c10::GetCPUAllocator() == this) c10::SetCPUAllocator(fallback_.load(std::memory_order_acquire), kPriority);
-  }
+  /// From now on every allocation is the fallback's. It stays torch's CPU allocator: blocks still
+  /// in the arena may be freed through torch's raw_deallocate (mkldnn), which asks the current
+  /// allocator's raw_deleter(), and only release() tells arena blocks from the fallback's.
+  void uninstall() { enabled_.store(false, std::memory_order_release); }
 
   ArenaAllocatorStats stats() const noexcept {
-    return {enabled_.load(std::memory_order_acquire) && c10::GetCPUAllocator() == this,
+    return {enabled_.load(std::memory_order_acquire),
             min_bytes_.load(std::memory_order_relaxed), live_bytes_.load(std::memory_order_relaxed),
             fallbacks_.load(std::memory_order_relaxed)};
   }
@@ -106,24 +112,22 @@ class ArenaAllocator final : public c10::Allocator {
 
  private:
   /// `n` bytes in the arena, or nullptr (counted, warned once) when taking them would leave less
-  /// than the reserve free or the arena cannot give them.
+  /// than the reserve free (Arena::allocate_leaving: checked under the arena's lock, so ranks
+  /// allocating at once cannot pass it together) or the arena cannot give them.
   void* arena_allocate(std::size_t n) const {
     Arena* arena = arena_.load(std::memory_order_acquire);
-    const std::size_t need = n + kHeaderBytes;
-    // free_bytes() is a read without the arena's lock: a hint that spares a full arena the lock.
     std::string why;
-    if (arena->free_bytes() < need + reserve_.load(std::memory_order_relaxed)) {
-      why = no_room_reason(*arena);
-    } else {
-      try {
-        auto* header = static_cast<BlockHeader*>(arena->allocate(need, 64));
-        header->bytes = n;
-        header->owner = ::getpid();
+    try {
+      void* block = n <= arena->size() ? arena->allocate_leaving(n + kHeaderBytes, reserve_.load(std::memory_order_relaxed), 64)
+                                       : nullptr;
+      if (block != nullptr) {
+        auto* header = new (block) BlockHeader{n, ::getpid()};
         live_bytes_.fetch_add(n, std::memory_order_relaxed);
         return reinterpret_cast<std::byte*>(header) + kHeaderBytes;
-      } catch (const Error& e) {  // ShmError: no room; PeerFailure: the job is failing anyway
-        why = e.what();
       }
+      why = no_room_reason(*arena);
+    } catch (const Error& e) {  // ShmError: no room in one piece; PeerFailure: the job is failing anyway
+      why = e.what();
     }
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
     TORCH_WARN_ONCE("nodal: the job's arena has no room for a tensor of ", n, " bytes (", why,
@@ -142,7 +146,9 @@ class ArenaAllocator final : public c10::Allocator {
     ArenaAllocator& self = the();
     Arena* arena = self.arena_.load(std::memory_order_acquire);
     if (arena == nullptr || !arena->contains(data)) {
-      self.fallback_raw_.load(std::memory_order_acquire)(data);
+      // A block of the fallback's that torch's raw_allocate gave out. Torch's own allocator has a
+      // raw deleter; one without leaves nothing to call (its raw blocks leak).
+      if (c10::DeleterFnPtr raw = self.fallback_raw_.load(std::memory_order_acquire)) raw(data);
       return;
     }
     auto* header = reinterpret_cast<BlockHeader*>(static_cast<std::byte*>(data) - kHeaderBytes);

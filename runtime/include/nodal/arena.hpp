@@ -76,6 +76,13 @@ class Arena {
   /// reserved (in 2 MiB chunks, so most allocations make no system call). Throws ShmError when the arena or the machine has too little room; the message
   /// says how much was needed and how much is left.
   void* allocate(std::size_t bytes, std::size_t alignment = 64);
+  /// allocate(), unless that would leave less than `keep` bytes free: then nullptr. The check and
+  /// the allocation happen under the arena's index lock, so callers of allocate_leaving() in any
+  /// process never take the arena below `keep` together (plain allocate() calls still may). For an
+  /// optional user of the arena that must leave room to nodal (the torch arena allocator). Throws
+  /// as allocate() when the room is there but fragmented, PeerFailure when a process died
+  /// holding the lock.
+  void* allocate_leaving(std::size_t bytes, std::size_t keep, std::size_t alignment = 64);
   /// Returns memory from allocate(). Its pages stay reserved for the next allocation; the kernel
   /// gets them back when the job ends.
   void deallocate(void* pointer) noexcept;

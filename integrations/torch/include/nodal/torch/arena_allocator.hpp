@@ -5,7 +5,8 @@
 // processes first). Smaller tensors, and any allocation the arena has no room for, come from the
 // allocator that was there before (torch's own), so running out of arena never fails a tensor.
 // The allocator leaves an eighth of the arena (16 MiB to 256 MiB) to nodal itself (communicators,
-// queues, empty_shared tensors). The idea is the one of PyTorch's pinned-memory and CUDA caching
+// queues, empty_shared tensors): checked under the arena's lock, so ranks allocating at once
+// cannot pass it together. The idea is the one of PyTorch's pinned-memory and CUDA caching
 // allocators: swap the memory under at::empty, not the program. Set it before DDP is made (DDP
 // allocates its buckets then).
 // - Cost: an arena allocation takes the node-wide arena lock (about 25 us for 16 MiB against
@@ -32,22 +33,23 @@ inline constexpr std::size_t kArenaAllocatorMinBytes = std::size_t{1} << 20;
 /// Tensors allocated before keep their memory; tensors in the arena stay valid after
 /// stop_arena_allocator(). Joins the job (nodal::init(); a process started without nodalrun is
 /// a singleton with its own arena, and gets a warning). Throws c10::Error for min_bytes 0 or when
-/// the arena cannot be mapped. Calls are serialised, but c10::SetCPUAllocator is a plain global
+/// the arena cannot be mapped or torch keeps an allocator set with a higher priority (then nothing
+/// changes). Calls are serialised, but c10::SetCPUAllocator is a plain global
 /// store: call it before other threads allocate tensors (right after init_process_group).
 void use_arena_allocator(std::size_t min_bytes = kArenaAllocatorMinBytes);
 
-/// Puts back the allocator use_arena_allocator() replaced: no tensor goes to the arena after it
-/// (storages made meanwhile keep this allocator for resize_(), which then gets torch's memory).
-/// No-op when it is not installed. The same caveat about threads as use_arena_allocator().
+/// From now on no tensor goes to the arena (resize_() of storages made meanwhile included): every
+/// allocation is the replaced allocator's. The arena allocator stays registered with torch, passing
+/// everything on, so that blocks still in the arena are freed right however torch frees them
+/// (mkldnn's raw_deallocate asks the current allocator). No-op when it is not installed.
 void stop_arena_allocator();
 
-/// Arena allocator statistics, this process: bytes of live tensors in the arena, and allocations
-/// of min_bytes or more that the arena had no room for (so came from torch's allocator instead).
+/// The arena allocator's state in this process.
 struct ArenaAllocatorStats {
-  bool installed;
-  std::size_t min_bytes;
-  std::size_t arena_bytes;
-  std::size_t fallbacks;
+  bool installed;          ///< placing tensors in the arena (use_arena_allocator, no stop since)
+  std::size_t min_bytes;   ///< bytes: the smallest allocation it places in the arena
+  std::size_t live_bytes;  ///< bytes of this process's tensors now in the arena (headers not counted)
+  std::size_t fallbacks;   ///< allocations of min_bytes or more that the arena had no room for
 };
 ArenaAllocatorStats arena_allocator_stats() noexcept;
 
