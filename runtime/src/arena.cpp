@@ -226,6 +226,15 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
   return p;
 }
 
+void Arena::with_index_lock(const std::function<void()>& body) {
+  try {
+    const detail::TerminationShield shield;  // a SIGTERM inside would leave the lock held
+    segment_->buffer.get_segment_manager()->atomic_func(body);
+  } catch (const bip::interprocess_exception& e) {
+    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
+  }
+}
+
 void* Arena::allocate_leaving(std::size_t bytes, std::size_t keep, std::size_t alignment) {
   void* result = nullptr;
   auto body = [&] {
@@ -233,12 +242,7 @@ void* Arena::allocate_leaving(std::size_t bytes, std::size_t keep, std::size_t a
     if (bytes > free || free - bytes < keep) return;
     result = allocate(bytes, alignment);
   };
-  try {
-    const detail::TerminationShield shield;
-    segment_->buffer.get_segment_manager()->atomic_func(body);
-  } catch (const bip::interprocess_exception& e) {
-    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
-  }
+  with_index_lock(body);
   return result;
 }
 
@@ -288,43 +292,26 @@ void* Arena::find_or_create(const char* name, std::size_t bytes, std::size_t ali
     created[1] = bytes;
     result = block;
   };
-  try {
-    const detail::TerminationShield shield;
-    segment_->buffer.get_segment_manager()->atomic_func(body);
-  } catch (const bip::interprocess_exception& e) {
-    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
-  }
+  with_index_lock(body);
   return result;
 }
 
 void* Arena::find(const char* name) {
   void* result = nullptr;
-  try {
-    const detail::TerminationShield shield;
-    auto body = [&] {
-      auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
-      if (record) result = at(record[0]);
-    };
-    segment_->buffer.get_segment_manager()->atomic_func(body);
-  } catch (const bip::interprocess_exception& e) {
-    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
-  }
+  with_index_lock([&] {
+    auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
+    if (record) result = at(record[0]);
+  });
   return result;
 }
 
 void Arena::destroy(const char* name) {
-  try {
-    const detail::TerminationShield shield;
-    auto body = [&] {
-      auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
-      if (!record) return;
-      deallocate(at(record[0]));
-      segment_->buffer.destroy<std::uint64_t>(name);
-    };
-    segment_->buffer.get_segment_manager()->atomic_func(body);
-  } catch (const bip::interprocess_exception& e) {
-    throw PeerFailure(fmt::format("the shared arena's index is unusable ({}): a process died while using it", e.what()));
-  }
+  with_index_lock([&] {
+    auto [record, count] = segment_->buffer.find<std::uint64_t>(name);
+    if (!record) return;
+    deallocate(at(record[0]));
+    segment_->buffer.destroy<std::uint64_t>(name);
+  });
 }
 
 }  // namespace nodal

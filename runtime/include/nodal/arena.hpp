@@ -130,6 +130,9 @@ class Arena {
  private:
   Arena(int fd, std::byte* base, std::size_t size, bool create);
   void reserve_pages(const void* pointer, std::size_t bytes);
+  /// Runs `body` under the arena's index lock (Boost.Interprocess atomic_func on a robust mutex).
+  /// Throws PeerFailure when a process died holding it, and what `body` throws.
+  void with_index_lock(const std::function<void()>& body);
 
   int fd_ = -1;
   std::byte* base_ = nullptr;
