@@ -49,9 +49,12 @@ std::size_t reserve_of(std::size_t arena_bytes) {
 class ArenaAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) NODAL_TORCH_ALLOCATE_CONST override {
-    if (n >= min_bytes_.load(std::memory_order_relaxed) && enabled_.load(std::memory_order_acquire) &&
-        ::getpid() == installer_.load(std::memory_order_relaxed)) {  // a forked child (a DataLoader worker) keeps to torch's memory
-      if (void* data = arena_allocate(n)) return {data, data, &release, c10::Device(c10::kCPU)};
+    if (n >= min_bytes_.load(std::memory_order_relaxed) && enabled_.load(std::memory_order_acquire)) {
+      // A forked child (a DataLoader worker) keeps to torch's memory.
+      const pid_t me = ::getpid();
+      if (me == installer_.load(std::memory_order_relaxed)) {
+        if (void* data = arena_allocate(n, me)) return {data, data, &release, c10::Device(c10::kCPU)};
+      }
     }
     return fallback_.load(std::memory_order_acquire)->allocate(n);
   }
@@ -111,17 +114,17 @@ class ArenaAllocator final : public c10::Allocator {
   std::mutex mutex;  ///< install and uninstall
 
  private:
-  /// `n` bytes in the arena, or nullptr (counted, warned once) when taking them would leave less
+  /// `n` bytes in the arena for `owner` (this process), or nullptr (counted, warned once) when taking them would leave less
   /// than the reserve free (Arena::allocate_leaving: checked under the arena's lock, so ranks
   /// allocating at once cannot pass it together) or the arena cannot give them.
-  void* arena_allocate(std::size_t n) const {
+  void* arena_allocate(std::size_t n, pid_t owner) const {
     Arena* arena = arena_.load(std::memory_order_acquire);
     std::string why;
     try {
       void* block = n <= arena->size() ? arena->allocate_leaving(n + kHeaderBytes, reserve_.load(std::memory_order_relaxed), 64)
                                        : nullptr;
       if (block != nullptr) {
-        auto* header = new (block) BlockHeader{n, ::getpid()};
+        auto* header = new (block) BlockHeader{n, owner};
         live_bytes_.fetch_add(n, std::memory_order_relaxed);
         return reinterpret_cast<std::byte*>(header) + kHeaderBytes;
       }
