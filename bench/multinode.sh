@@ -2,18 +2,21 @@
 # nodal's allreduce across nodes beside Open MPI's, in one run, over a cluster of network
 # namespaces on this machine (tests/support/netns-cluster.sh: real TCP between the "nodes").
 #
-#   bench/multinode.sh [-r ROUNDS] [-b BUILD_DIR] [-p "RANKS_PER_NODE ..."] [-s MIN] [-m MAX] [-o OP]
+#   bench/multinode.sh [-r ROUNDS] [-b BUILD_DIR] [-p "RANKS_PER_NODE ..."] [-s MIN] [-m MAX] [-o OP] [-g]
 #
 #   -r  rounds (default 5), interleaved; the table shows medians over rounds
 #   -b  a built build directory (default build/release)
 #   -p  ranks per node (default "1 2"); the cluster has 2 nodes
 #   -s, -m  per-rank message sizes, powers of two from -s (default 4) to -m (default 64M)
 #   -o  the collective (default allreduce; any op of nodal-bench that runs across nodes)
+#   -g  also nodal-gathered: nodal with NODAL_NODE_FOLD=0 (reductions in the gathered shape, the
+#       one before the folded shape: nodal/detail/node_bridge.hpp)
 #
 # Libraries, each started once per node by Open MPI's mpirun over the same namespaces:
 #   nodal        mpirun -n 2 nodalrun -n P nodal-bench       (one agent per node, P ranks each)
 #   openmpi      mpirun -n 2P mpi_bench_openmpi              (P ranks per node; btl tcp,vader,self)
 #   openmpi-han  the same with --mca coll_han_priority 100   (Open MPI's hierarchical collectives)
+#   nodal-gathered (-g) as nodal, with -x NODAL_NODE_FOLD=0
 # Where a node's processes outnumber the machine's cores, Open MPI runs with mpi_yield_when_idle
 # (what mpirun --oversubscribe sets): its busy polling otherwise takes milliseconds per call here.
 # Needs root (namespaces), Open MPI (openmpi-bin, libopenmpi-dev) and nodalrun's MPI engine.
@@ -27,11 +30,12 @@ per_node="1 2"
 min_bytes=4
 max_bytes=64M
 op=allreduce
+gathered=0
 usage() {
-  sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
-while getopts "r:b:p:s:m:o:h" opt; do
+while getopts "r:b:p:s:m:o:gh" opt; do
   case $opt in
     r) rounds=$OPTARG ;;
     b) build=$OPTARG ;;
@@ -39,6 +43,7 @@ while getopts "r:b:p:s:m:o:h" opt; do
     s) min_bytes=$OPTARG ;;
     m) max_bytes=$OPTARG ;;
     o) op=$OPTARG ;;
+    g) gathered=1 ;;
     *) usage ;;
   esac
 done
@@ -91,6 +96,7 @@ run_one() {  # ROUND LIB P
   ((2 * p + 2 > cores)) && yield=(--mca mpi_yield_when_idle 1)
   case $lib in
     nodal) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,self --host "${hosts//,/:1,}:1" -n 2 "$nodalrun" -n "$p" "$nodal_bench" "${args[@]}") ;;
+    nodal-gathered) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,self -x NODAL_NODE_FOLD=0 --host "${hosts//,/:1,}:1" -n 2 "$nodalrun" -n "$p" "$nodal_bench" "${args[@]}") ;;
     openmpi) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,vader,self "${yield[@]}" --host "$hostlist" -n $((2 * p)) "$mpi_bench" "${args[@]}") ;;
     openmpi-han) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,vader,self "${yield[@]}" --mca coll_han_priority 100 --host "$hostlist" -n $((2 * p)) "$mpi_bench" "${args[@]}") ;;
   esac
@@ -105,11 +111,12 @@ run_one() {  # ROUND LIB P
 }
 
 libs=(nodal openmpi openmpi-han)
+((gathered)) && libs+=(nodal-gathered)
 turn=0
 for ((round = 1; round <= rounds; round++)); do
   for p in $per_node; do
-    for ((i = 0; i < 3; i++)); do
-      lib=${libs[$(((i + turn) % 3))]}
+    for ((i = 0; i < ${#libs[@]}; i++)); do
+      lib=${libs[$(((i + turn) % ${#libs[@]}))]}
       echo "multinode: round $round/$rounds, 2 nodes x $p, $lib" >&2
       run_one "$round" "$lib" "$p"
     done
@@ -135,17 +142,20 @@ lines = ["# $op across 2 nodes (network namespaces, TCP), nodal vs Open MPI", ""
          "- nodal: $(git describe --always --dirty); Open MPI: $ompi_version",
          "- command: $command_line; $rounds rounds, interleaved; medians of the time per call (us)",
          "- ratio: Open MPI's time / nodal's (> 1: nodal is faster); GB/s: algbw = bytes per rank / time", ""]
+gathered = any(k[0] == "nodal-gathered" for k in med)
 for ranks in sorted({k[1] for k in med}):
-    lines += [f"## 2 nodes x {ranks // 2} ranks ({ranks} ranks)", "",
-              "| bytes | nodal us | Open MPI us | Open MPI han us | nodal GB/s | Open MPI GB/s | han GB/s | vs Open MPI | vs han |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    head = "| bytes | nodal us | Open MPI us | Open MPI han us | nodal GB/s | Open MPI GB/s | han GB/s | vs Open MPI | vs han |"
+    if gathered: head += " nodal-gathered us | gathered / nodal |"
+    lines += [f"## 2 nodes x {ranks // 2} ranks ({ranks} ranks)", "", head, "|---" * head.count(" | ") + "|---|"]
     for b in sorted({k[2] for k in med if k[1] == ranks}):
-        t = {lib: med.get((lib, ranks, b)) for lib in ("nodal", "openmpi", "openmpi-han")}
+        t = {lib: med.get((lib, ranks, b)) for lib in ("nodal", "openmpi", "openmpi-han", "nodal-gathered")}
         cell = lambda x: f"{x:.1f}" if x else "-"
         gbs = lambda x: f"{b / x / 1e3:.3f}" if x else "-"
         ratio = lambda x: f"{x / t['nodal']:.2f}x" if x and t["nodal"] else "-"
-        lines.append(f"| {size(b)} | {cell(t['nodal'])} | {cell(t['openmpi'])} | {cell(t['openmpi-han'])} | "
-                     f"{gbs(t['nodal'])} | {gbs(t['openmpi'])} | {gbs(t['openmpi-han'])} | {ratio(t['openmpi'])} | {ratio(t['openmpi-han'])} |")
+        row = (f"| {size(b)} | {cell(t['nodal'])} | {cell(t['openmpi'])} | {cell(t['openmpi-han'])} | "
+               f"{gbs(t['nodal'])} | {gbs(t['openmpi'])} | {gbs(t['openmpi-han'])} | {ratio(t['openmpi'])} | {ratio(t['openmpi-han'])} |")
+        if gathered: row += f" {cell(t['nodal-gathered'])} | {ratio(t['nodal-gathered'])} |"
+        lines.append(row)
     lines.append("")
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 EOF

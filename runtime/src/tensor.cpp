@@ -22,22 +22,6 @@
 namespace nodal {
 namespace {
 
-struct DTypeInfo {
-  std::size_t size;
-  std::string_view name;
-};
-
-/// Indexed by DType's value, in the enum's order.
-constexpr DTypeInfo kDTypes[] = {{1, "bool"}, {1, "u8"},   {1, "i8"},  {4, "i32"}, {8, "i64"},
-                                 {2, "f16"},  {2, "bf16"}, {4, "f32"}, {8, "f64"}};
-static_assert(std::size(kDTypes) == static_cast<std::size_t>(DType::f64) + 1, "one entry per DType");
-
-constexpr DTypeInfo info(DType dtype) noexcept {
-  auto index = static_cast<std::size_t>(dtype);
-  // A value cast from outside the enum has no entry.
-  return index < std::size(kDTypes) ? kDTypes[index] : DTypeInfo{0, "invalid"};
-}
-
 void check_device(Device device) {
   if (device.kind == Device::Kind::cuda && device.index < 0) {
     throw UsageError(fmt::format("nodal::Tensor: device cuda:{} has a negative index", device.index));
@@ -55,13 +39,13 @@ std::size_t checked_nbytes(const std::vector<std::int64_t>& shape, DType dtype) 
     throw UsageError(fmt::format("nodal::Tensor: shape [{}] has {} dimensions; at most {} are supported",
                                  fmt::join(shape, ", "), shape.size(), Tensor::kMaxDims));
   }
-  std::int64_t bytes = static_cast<std::int64_t>(info(dtype).size);
+  std::int64_t bytes = static_cast<std::int64_t>(element_size(dtype));
   for (std::int64_t size : shape) {
     if (size < 0)
       throw UsageError(fmt::format("nodal::Tensor: shape [{}] has a negative size", fmt::join(shape, ", ")));
     if (__builtin_mul_overflow(bytes, size, &bytes)) {
       throw UsageError(fmt::format("nodal::Tensor: shape [{}] of {} does not fit in memory", fmt::join(shape, ", "),
-                                   info(dtype).name));
+                                   dtype_name(dtype)));
     }
   }
   return static_cast<std::size_t>(bytes);
@@ -157,9 +141,6 @@ std::pair<std::int64_t, std::int64_t> byte_span(const std::vector<std::int64_t>&
 }
 
 }  // namespace detail
-
-std::size_t element_size(DType dtype) noexcept { return info(dtype).size; }
-std::string_view dtype_name(DType dtype) noexcept { return info(dtype).name; }
 
 Tensor::Tensor(std::shared_ptr<detail::Storage> storage, std::int64_t offset_bytes, std::vector<std::int64_t> shape,
                std::vector<std::int64_t> strides, DType dtype, Device device)

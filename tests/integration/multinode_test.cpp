@@ -119,17 +119,24 @@ TEST(MultiNode, NodesThatDisagreeOnTheStepBufferAreAUsageError) {
 
 TEST(MultiNode, CollectivesAcrossNodesGiveTheOneNodeBits) {
   // Every collective against coll_program's own reference, at sizes that take one and several
-  // steps of a 1 MiB node buffer; the digest of all results must equal a one-node job's.
+  // steps of a 1 MiB node buffer; the digest of all results must equal a one-node job's. The
+  // large reductions take the folded shape (node_bridge.hpp), on 3 nodes through a middle node
+  // too; with NODAL_NODE_FOLD=0 the gathered one, to the same bits.
   const std::vector<std::string> matrix = {NODAL_TEST_COLL_PROGRAM, "matrix", "sizes=4,1024,100000"};
-  for (auto [nodes, ranks] : {std::pair{2, 2}, std::pair{3, 1}}) {
-    SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks");
-    ChildResult across = run_job(loopback(nodes, ranks, matrix), {"NODAL_NODE_BUFFER_BYTES=1M"});
+  for (auto [nodes, ranks, fold] : {std::tuple{2, 2, true}, std::tuple{3, 1, true}, std::tuple{2, 2, false}}) {
+    SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks, fold " + (fold ? "on" : "off"));
+    ChildResult across = run_job(loopback(nodes, ranks, matrix),
+                                 {"NODAL_NODE_BUFFER_BYTES=1M", fold ? "NODAL_NODE_FOLD=1" : "NODAL_NODE_FOLD=0"});
     ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
     std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", std::to_string(nodes * ranks)};
     one_node.insert(one_node.end(), matrix.begin(), matrix.end());
     ChildResult single = nodal::testing::run(one_node, 120s);
     ASSERT_EQ(single.exit_code, 0) << single.out << single.err;
     EXPECT_EQ(nodal::testing::count_lines(across.out, "algorithms private:across_nodes="), nodes * ranks) << across.out;
+    EXPECT_EQ(nodal::testing::count_lines(across.out, "private:folded_across_nodes="), fold ? nodes * ranks : 0)
+        << across.out;
+    EXPECT_EQ(nodal::testing::count_lines(across.out, "shared:folded_across_nodes="), fold ? nodes * ranks : 0)
+        << across.out;
     const auto a = digests(across.out), s = digests(single.out);
     EXPECT_EQ(a.size(), static_cast<std::size_t>(nodes * ranks)) << across.out;
     EXPECT_EQ(a, s) << "across nodes:\n" << across.out << "one node:\n" << single.out;

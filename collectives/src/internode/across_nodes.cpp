@@ -1,7 +1,9 @@
 // Collectives across nodes, the ranks' side: each call is cut into steps that fit the node
-// bridge's buffer; in each step every contributor writes its part of the call's data, the agents
-// gather all parts on every node, and each rank computes its result from them (a reduction folds
-// the parts in rank order, as the one-node path does: the same bits). See nodal/detail/node_bridge.hpp.
+// bridge's buffer; in each step every contributor writes its part of the call's data and the
+// agents move the parts between nodes: gathered (every part to every node, and each rank computes
+// its result from them, a reduction folding the parts in rank order as the one-node path does),
+// or for a large reduction folded along the chain of nodes by the agents (the result comes back
+// whole). Either way the one-node bits. See nodal/detail/node_bridge.hpp.
 #include "internode/across_nodes.hpp"
 
 #include "copy.hpp"
@@ -126,12 +128,18 @@ void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::
   }
 }
 
+bool folds_exactly(CollKind kind, DType dtype, ReduceOp op) {
+  if (kind != CollKind::allreduce && kind != CollKind::reduce && kind != CollKind::reduce_scatter) return false;
+  if (op == ReduceOp::avg) return false;
+  return dtype != DType::f16 && dtype != DType::bf16;
+}
+
 BridgeStep describe_step(const CollCall& call, CollKind wire, std::uint64_t number, std::uint64_t step_bytes) {
   BridgeStep desc{static_cast<std::uint8_t>(wire),
                   static_cast<std::uint8_t>(call.dtype),
                   static_cast<std::uint8_t>(static_cast<std::uint8_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum) |
                                             (call.on_gpu ? BridgeStep::kOnGpu : 0)),
-                  static_cast<std::uint8_t>(shape_of(call, 1).rooted),
+                  static_cast<std::uint8_t>(shape_of(call, 1).rooted ? StepShape::rooted : StepShape::gathered),
                   call.root,
                   call.count,
                   step_bytes,
@@ -207,8 +215,11 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     }
     return true;
   };
+  // Large steps of a reduction whose chained fold is exact are folded by the agents (node_bridge.hpp).
+  const bool foldable = !call.on_gpu && folds_exactly(call.kind, call.dtype, call.op);
+  bool folded_any = false;
   // Waits for step s and takes this rank's part of its result, elements [e0, e0 + e).
-  auto take = [&](std::uint64_t s, std::size_t e0, std::size_t e) {
+  auto take = [&](std::uint64_t s, std::size_t e0, std::size_t e, bool folded) {
     waiting.step = s;
     // The step now needs the agent (a process of this node) and the network: the rank yields
     // its core to them rather than spin on it (spinning with `pause` tripled a small step here).
@@ -228,10 +239,18 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
       notify(b.word);
       throw UsageError(message);
     }
-    if (!call.on_gpu) take_result(call, n, g, buffer_of(s), e0, e);
+    if (folded) {
+      take_result(call, 1, g, buffer_of(s) + static_cast<std::size_t>(n - 1) * e * es, e0, e);  // the result, whole
+    } else if (!call.on_gpu) {
+      take_result(call, n, g, buffer_of(s), e0, e);
+    }
   };
   // Pipelined (nodal/detail/node_bridge.hpp): post step s, then take step s - 1's result.
-  std::optional<std::pair<std::size_t, std::size_t>> previous;  // the last posted step's elements
+  struct Posted {
+    std::size_t e0, e;  // elements
+    bool folded;
+  };
+  std::optional<Posted> previous;  // the last posted step
   std::size_t e0 = 0;
   do {
     const std::size_t e = std::min(per_step, shape.total - e0);
@@ -246,14 +265,18 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     } else if (g == call.root) {
       copy_bytes(buf, bytes(call.input) + e0 * es, step_bytes);
     }
+    const bool folded = foldable && step_bytes > b.fold_min_bytes;
+    folded_any = folded_any || folded;
     mine.steps[s % 2] = describe_step(call, wire, number, step_bytes);
+    if (folded) mine.steps[s % 2].shape = static_cast<std::uint8_t>(StepShape::folded);
     mine.posted.store(s, std::memory_order_release);
     notify(b.word);
-    if (previous) take(s - 1, previous->first, previous->second);
-    previous = std::pair{e0, e};
+    if (previous) take(s - 1, previous->e0, previous->e, previous->folded);
+    previous = Posted{e0, e, folded};
     e0 += e;
   } while (e0 < shape.total);
-  take(client.step, previous->first, previous->second);
+  take(client.step, previous->e0, previous->e, previous->folded);
+  if (folded_any) comm.last_algorithm.store("folded_across_nodes", std::memory_order_relaxed);
 }
 
 /// A v-variant across nodes, as two fixed-size exchanges: first every rank's counts (each rank's

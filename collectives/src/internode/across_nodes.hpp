@@ -67,6 +67,15 @@ CallShape shape_of(const CollCall& call, int world_size);
 /// Reductions fold in rank order (the one-node bits).
 void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::size_t e0, std::size_t e);
 
+/// Whether the agents may fold a step of this call along the chain of nodes (node_bridge.hpp's
+/// folded shape) and still give the one-node bits. Each node passes on its partial rounded to the
+/// dtype, which changes nothing where the fold's accumulation type is the dtype itself (f32, f64,
+/// bool; integer min and max) or rounding commutes with the fold (integer sum and prod wrap around
+/// modulo 2^bits either way: reduce_kernels.hpp). Not for f16 and bf16 (accumulated in f32 and
+/// rounded once) nor avg (divided by world_size at the end). Only allreduce, reduce and
+/// reduce_scatter (the v-variant runs as reduce_scatter).
+bool folds_exactly(CollKind kind, DType dtype, ReduceOp op);
+
 /// What the steps of `call` on a communicator across nodes carry: the call's description.
 BridgeStep describe_step(const CollCall& call, CollKind wire, std::uint64_t number, std::uint64_t step_bytes);
 

@@ -71,6 +71,12 @@ void InterNode::allgatherv_start(void* buffer, const std::uint64_t* counts, cons
 void InterNode::broadcast_start(void* buffer, std::uint64_t bytes, int root) {
   if (ops_->broadcast_start(handle_, buffer, bytes, root, error_, sizeof error_)) fail("broadcast");
 }
+void InterNode::sendrecv_start(int dest, const void* send, std::uint64_t send_bytes, int source, void* recv,
+                               std::uint64_t recv_bytes) {
+  if (ops_->sendrecv_start(handle_, dest, send, send_bytes, source, recv, recv_bytes, error_, sizeof error_)) {
+    fail("sendrecv");
+  }
+}
 void InterNode::barrier_start() {
   if (ops_->barrier_start(handle_, error_, sizeof error_)) fail("barrier");
 }

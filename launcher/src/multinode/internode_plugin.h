@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define NODAL_INTERNODE_ABI 2
+#define NODAL_INTERNODE_ABI 3
 
 typedef struct nodal_internode nodal_internode; /* the engine's handle */
 
@@ -69,6 +69,12 @@ typedef struct nodal_internode_ops {
   /* Cancels every operation not completed (the job is ending), waiting up to a second for the
    * engine to let go of their memory. */
   int (*p2p_cancel_all)(nodal_internode*, char* error, size_t error_size);
+  /* Starts, as the collective in flight (completed through test), sending `send_bytes` at `send`
+   * to agent `dest` and receiving exactly `recv_bytes` into `recv` from agent `source`; -1 for
+   * either: none. Matches the peer's sendrecv_start in the order both were started (the agents'
+   * chain of a folded step: node_bridge.hpp). */
+  int (*sendrecv_start)(nodal_internode*, int dest, const void* send, uint64_t send_bytes, int source, void* recv,
+                        uint64_t recv_bytes, char* error, size_t error_size);
 } nodal_internode_ops;
 
 /* The symbol the engine exports. */

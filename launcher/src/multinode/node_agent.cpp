@@ -31,6 +31,7 @@ struct NodeRecord {
   std::int32_t local_size;
   std::int32_t master_port;  ///< node 0's is everyone's
   std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
+  std::int32_t fold;           ///< NODAL_NODE_FOLD (1 unless set to 0): the ranks shape steps by it, so likewise
   char host[64];
   char master_addr[128];
 };
@@ -191,6 +192,10 @@ void NodeAgent::exchange(const Options& options) {
   mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
   const char* buffer_text = std::getenv("NODAL_NODE_BUFFER_BYTES");
   mine.buffer_bytes = buffer_text ? detail::parse_bytes(buffer_text) : detail::kNodeBufferBytes;
+  const char* fold_text = std::getenv("NODAL_NODE_FOLD");
+  const std::string_view fold(fold_text ? fold_text : "1");
+  if (fold != "0" && fold != "1") throw UsageError(fmt::format("NODAL_NODE_FOLD={}: expected 0 or 1", fold));
+  mine.fold = fold == "1";
   std::vector<NodeRecord> all(static_cast<std::size_t>(engine_->size()));
   engine_->allgather_start(&mine, all.data(), sizeof mine);
   while (!engine_->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -207,11 +212,21 @@ void NodeAgent::exchange(const Options& options) {
       throw UsageError(fmt::format("NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has {}, node {} {}",
                                    all[0].buffer_bytes, node, r.buffer_bytes));
     }
+    if (r.fold != all[0].fold) {
+      throw UsageError(fmt::format("NODAL_NODE_FOLD differs between nodes: node 0 has {}, node {} {}", all[0].fold, node,
+                                   r.fold));
+    }
   }
   world_size_ = next;
   master_addr_ = all[0].master_addr[0] ? std::string(all[0].master_addr) : nodes_[0].host;
   master_port_ = all[0].master_port;
   buffer_bytes_ = static_cast<std::size_t>(all[0].buffer_bytes);
+  fold_ = all[0].fold != 0;
+  // The first allgather of every step has the same size on every node: a description and room
+  // for kSmallNodeBytes of data (the largest node's ranks' parts of a small step).
+  int largest = 1;
+  for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
+  small_step_bytes_ = kSmallNodeBytes / static_cast<std::size_t>(largest);
 }
 
 void NodeAgent::serve(Arena& arena) {
@@ -225,6 +240,7 @@ void NodeAgent::serve(Arena& arena) {
     b->world_size = world_size_;
     b->first_rank = first_rank();
     b->capacity = capacity;
+    b->fold_min_bytes = fold_ ? small_step_bytes_ : UINT64_MAX;
     for (int j = 0; j < local; ++j) new (&b->ranks()[j]) detail::BridgeRank();
   });
   auto* bridge = static_cast<detail::NodeBridge*>(where);
@@ -262,11 +278,6 @@ void NodeAgent::serve_steps() {
     }
     return true;
   };
-  // The first allgather of every step has the same size on every node: a description and room
-  // for kSmallNodeBytes of data (the largest node's ranks' parts of a small step).
-  int largest = 1;
-  for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
-  small_step_bytes_ = kSmallNodeBytes / static_cast<std::size_t>(largest);
   block_bytes_ = sizeof(detail::BridgeStep) + kSmallNodeBytes;
   block_.assign(block_bytes_, std::byte{0});
   blocks_.assign(block_bytes_ * nodes_.size(), std::byte{0});
@@ -344,14 +355,15 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   }
   auto* buffer = static_cast<std::byte*>(arena_->at(b.buffer_offset[s % detail::kNodeBuffers]));
   const NodeInfo& me = nodes_[static_cast<std::size_t>(node_rank_)];
+  const auto shape = static_cast<detail::StepShape>(step.shape);
   int root_node = 0;
-  if (step.rooted) {
+  if (shape == detail::StepShape::rooted) {
     while (root_node + 1 < nnodes() && nodes_[static_cast<std::size_t>(root_node + 1)].first_rank <= step.root) ++root_node;
   }
   // What this node contributes to the step, at `buffer + my_offset` (non-rooted: its ranks'
   // parts; rooted: the root's, on the root's node only).
   auto contribution = [&](const NodeInfo& node, int k) -> std::pair<std::size_t, std::size_t> {
-    if (step.rooted) return {0, k == root_node ? step.bytes : 0};
+    if (shape == detail::StepShape::rooted) return {0, k == root_node ? step.bytes : 0};
     return {static_cast<std::size_t>(node.first_rank) * step.bytes, static_cast<std::size_t>(node.local_size) * step.bytes};
   };
   const bool small = step.bytes <= small_step_bytes_;
@@ -387,9 +399,11 @@ bool NodeAgent::serve_step(std::uint64_t s) {
         std::memcpy(buffer + offset, blocks_.data() + static_cast<std::size_t>(k) * block_bytes_ + sizeof step, length);
       }
     }
-  } else if (step.rooted) {
+  } else if (shape == detail::StepShape::rooted) {
     engine_->broadcast_start(buffer, step.bytes, root_node);
     wait_collective(true);
+  } else if (shape == detail::StepShape::folded) {
+    if (!fold_step(step, buffer)) return false;
   } else {
     std::vector<std::uint64_t> counts, displs;
     for (int k = 0; k < nnodes(); ++k) {

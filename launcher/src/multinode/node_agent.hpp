@@ -31,6 +31,7 @@
 
 namespace nodal::detail {
 struct NodeBridge;
+struct BridgeStep;
 }
 
 namespace nodal::launcher {
@@ -92,6 +93,9 @@ class NodeAgent {
   void exchange(const Options& options);
   void serve_steps();
   bool serve_step(std::uint64_t step);
+  /// Moves a reduction step in the folded shape (node_bridge.hpp; folded_step.cpp): `buffer` is the
+  /// step's, each contributor's part at global rank x step.bytes. False when the job is ending.
+  bool fold_step(const detail::BridgeStep& step, std::byte* buffer);
   /// Sends what is queued, receives notices, sends heartbeats, checks the other nodes' silence.
   void poll();
   /// Until the engine's collective completes, polling meanwhile; gives up when another node
@@ -120,6 +124,7 @@ class NodeAgent {
   std::string master_addr_;
   int master_port_ = 0;
   std::size_t buffer_bytes_ = 0;  ///< each step buffer's size (NODAL_NODE_BUFFER_BYTES), the same on every node
+  bool fold_ = true;              ///< reductions' steps may be folded (NODAL_NODE_FOLD), the same on every node
   int event_fd_ = -1;
   std::chrono::duration<double> node_timeout_{10.0};
 

@@ -2,14 +2,23 @@
 // with the ranks of its node: the ranks post the steps of a collective across nodes, the agent
 // moves each step between the nodes (InterNode, over MPI) and says when it is done. Internal.
 //
-// One step: every rank of the job contributes `bytes` (uniform) or only the root does (rooted).
-// A uniform step's buffer holds every rank's contribution at global_rank * bytes once the step is
-// done; a rooted step's holds the root's at 0. Rank side: collectives/src/internode/; agent side:
-// launcher/src/multinode/node_agent.cpp. The shape is a gather of every contribution followed by
-// a local reduction in rank order, so a reduction across nodes gives the same bits as on one node
-// (shm/small.cpp reduces in rank order too). Its traffic is world_size x bytes per step, not the
-// 2 x bytes of a reduce-scatter + allgather: that shape (Open MPI's coll/han, UCC's cl/hier) is
-// the next step for large messages.
+// One step: every rank of the job contributes `bytes` at global_rank * bytes of the step's
+// buffer (gathered, folded) or only the root does, at 0 (rooted). Rank side:
+// collectives/src/internode/; agent side: launcher/src/multinode/. Two shapes keep a reduction's
+// bits those of the one-node path (shm/small.cpp and reduce_kernels.hpp fold in rank order):
+// - gathered: the agents allgather every contribution, so that once the step is done the buffer
+//   holds all of them on every node, and each rank reduces them in rank order. world_size x bytes
+//   cross between nodes; for steps of up to the agents' small size it is one allgather.
+// - folded (a reduction whose chained fold is exact: see folds_exactly in across_nodes.cpp, and
+//   larger than `fold_min_bytes`): the agents fold along the chain of nodes in node order. Node
+//   0's agent folds its ranks' contributions into its last rank's slot and sends that partial to
+//   node 1, whose agent receives it into the slot before its first rank's (node 0's last rank's),
+//   folds it with its ranks' contributions, and so on; the last node's fold is the result, which
+//   it broadcasts into the last slot (world_size - 1) on every node. Left to right in rank order
+//   throughout: the one-node bits. Each link carries the data once each way (2 x bytes in all
+//   per node pair), against world_size x bytes gathered, and every node folds once instead of
+//   every rank folding every contribution. (Open MPI's coll/han moves 2 x too, as reduce +
+//   broadcast or reduce-scatter + allgather, but folds in the order of its trees.)
 //
 // Steps are pipelined: a rank posts step s + 1 of a call before it takes step s's result, so
 // that its copies (in, and the reduction out) overlap the agent's exchange of the other step.
@@ -47,13 +56,20 @@ inline constexpr std::size_t kNodeBufferBytes = 8u << 20;
 /// Step buffers, used in turn (see above).
 inline constexpr int kNodeBuffers = 3;
 
+/// How the agents move a step (see above).
+enum class StepShape : std::uint8_t {
+  gathered = 0,  ///< every contribution to every node
+  rooted = 1,    ///< only `root` contributes: its part to every node
+  folded = 2,    ///< a reduction folded along the chain of nodes: the result at the last slot
+};
+
 /// What one step is; every rank of every node posts the same one, or the step fails as a mismatch.
 struct BridgeStep {
   std::uint8_t kind = 0;   ///< the call's CollKind
   std::uint8_t dtype = 0;  ///< the call's DType
   std::uint8_t op = 0;     ///< the call's ReduceOp (0 for calls that do not reduce), | kOnGpu
   static constexpr std::uint8_t kOnGpu = 0x80;  ///< in `op`: a call on cuda tensors (only agreed here)
-  std::uint8_t rooted = 0; ///< 1: only `root` contributes
+  std::uint8_t shape = 0;  ///< a StepShape: how the agents move the step (see above)
   std::int32_t root = -1;  ///< global rank; -1 for calls without one
   std::uint64_t count = 0; ///< the call's count argument
   std::uint64_t bytes = 0; ///< this step's bytes per contributor
@@ -83,7 +99,7 @@ struct alignas(64) BridgeRank {
 };
 
 struct NodeBridge {
-  static constexpr std::uint64_t kMagic = 0x6567646972622d6fULL;  // changed with the layout
+  static constexpr std::uint64_t kMagic = 0x6567646972622d70ULL;  // changed with the layout
   std::uint64_t magic = kMagic;
   std::int32_t node_rank = 0;
   std::int32_t nnodes = 1;
@@ -92,6 +108,10 @@ struct NodeBridge {
   std::int32_t first_rank = 0;   ///< the global rank of local rank 0 (torchrun's prefix sum)
   std::uint64_t capacity = 0;    ///< bytes of each step buffer
   std::uint64_t buffer_offset[kNodeBuffers] = {};  ///< arena offsets; step s uses s % kNodeBuffers
+  /// A reduction's step of more bytes per rank than this is folded (StepShape::folded) where that
+  /// is exact; the agent sets it before the ranks start (its small-step size: smaller steps ride
+  /// with the descriptions in one allgather). UINT64_MAX: never (NODAL_NODE_FOLD=0).
+  std::uint64_t fold_min_bytes = 0;
   /// The last step the agent finished. Ranks wait for it; `word` wakes them.
   alignas(64) std::atomic<std::uint64_t> done{0};
   /// The step that failed because the calls did not match (`message` says how), until every rank
