@@ -119,14 +119,16 @@ TEST(MultiNode, NodesThatDisagreeOnTheStepBufferAreAUsageError) {
 
 TEST(MultiNode, CollectivesAcrossNodesGiveTheOneNodeBits) {
   // Every collective against coll_program's own reference, at sizes that take one and several
-  // steps of a 1 MiB node buffer; the digest of all results must equal a one-node job's. The
-  // large reductions take the folded shape (node_bridge.hpp), on 3 nodes through a middle node
-  // too; with NODAL_NODE_FOLD=0 the gathered one, to the same bits.
+  // steps of the node buffer; the digest of all results must equal a one-node job's. The large
+  // reductions take the folded shape (node_bridge.hpp): on 3 nodes through a middle node, with a
+  // 2 MiB buffer in steps of 2 and 1 segments of folded_step.cpp (100000 f64: 699 KB + 101 KB per
+  // rank); with NODAL_NODE_FOLD=0 the gathered one, to the same bits.
   const std::vector<std::string> matrix = {NODAL_TEST_COLL_PROGRAM, "matrix", "sizes=4,1024,100000"};
-  for (auto [nodes, ranks, fold] : {std::tuple{2, 2, true}, std::tuple{3, 1, true}, std::tuple{2, 2, false}}) {
+  for (auto [nodes, ranks, fold, buffer] : {std::tuple{2, 2, true, "1M"}, std::tuple{3, 1, true, "2M"},
+                                            std::tuple{2, 2, false, "1M"}}) {
     SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks, fold " + (fold ? "on" : "off"));
-    ChildResult across = run_job(loopback(nodes, ranks, matrix),
-                                 {"NODAL_NODE_BUFFER_BYTES=1M", fold ? "NODAL_NODE_FOLD=1" : "NODAL_NODE_FOLD=0"});
+    ChildResult across = run_job(loopback(nodes, ranks, matrix), {std::string("NODAL_NODE_BUFFER_BYTES=") + buffer,
+                                                                  fold ? "NODAL_NODE_FOLD=1" : "NODAL_NODE_FOLD=0"});
     ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
     std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", std::to_string(nodes * ranks)};
     one_node.insert(one_node.end(), matrix.begin(), matrix.end());

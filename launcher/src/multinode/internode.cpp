@@ -71,10 +71,10 @@ void InterNode::allgatherv_start(void* buffer, const std::uint64_t* counts, cons
 void InterNode::broadcast_start(void* buffer, std::uint64_t bytes, int root) {
   if (ops_->broadcast_start(handle_, buffer, bytes, root, error_, sizeof error_)) fail("broadcast");
 }
-void InterNode::sendrecv_start(int dest, const void* send, std::uint64_t send_bytes, int source, void* recv,
-                               std::uint64_t recv_bytes) {
-  if (ops_->sendrecv_start(handle_, dest, send, send_bytes, source, recv, recv_bytes, error_, sizeof error_)) {
-    fail("sendrecv");
+void InterNode::exchange_start(const std::vector<nodal_internode_transfer>& transfers) {
+  if (ops_->exchange_start(handle_, transfers.data(), static_cast<std::uint32_t>(transfers.size()), error_,
+                           sizeof error_)) {
+    fail("exchange");
   }
 }
 void InterNode::barrier_start() {

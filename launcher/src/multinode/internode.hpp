@@ -33,10 +33,8 @@ class InterNode {
   void allgatherv_start(void* buffer, const std::uint64_t* counts, const std::uint64_t* displs);
   void broadcast_start(void* buffer, std::uint64_t bytes, int root);
   void barrier_start();
-  /// Sends `send_bytes` at `send` to agent `dest` and receives `recv_bytes` into `recv` from agent
-  /// `source` (-1: none), as the collective in flight.
-  void sendrecv_start(int dest, const void* send, std::uint64_t send_bytes, int source, void* recv,
-                      std::uint64_t recv_bytes);
+  /// Starts the transfers (internode_plugin.h) as the collective in flight.
+  void exchange_start(const std::vector<nodal_internode_transfer>& transfers);
   bool test();
   void send_notice(int dest, std::string_view data);
   /// A pending notice and its sender, if any.

@@ -21,6 +21,15 @@ extern "C" {
 
 typedef struct nodal_internode nodal_internode; /* the engine's handle */
 
+/* One transfer of an exchange_start: send `bytes` at `data` to agent `peer`, or receive exactly
+ * `bytes` into `data` from it. */
+typedef struct nodal_internode_transfer {
+  int peer;
+  int send; /* 1: send; 0: receive */
+  void* data;
+  uint64_t bytes;
+} nodal_internode_transfer;
+
 typedef struct nodal_internode_ops {
   int abi; /* NODAL_INTERNODE_ABI */
   const char* name;
@@ -69,12 +78,11 @@ typedef struct nodal_internode_ops {
   /* Cancels every operation not completed (the job is ending), waiting up to a second for the
    * engine to let go of their memory. */
   int (*p2p_cancel_all)(nodal_internode*, char* error, size_t error_size);
-  /* Starts, as the collective in flight (completed through test), sending `send_bytes` at `send`
-   * to agent `dest` and receiving exactly `recv_bytes` into `recv` from agent `source`; -1 for
-   * either: none. Matches the peer's sendrecv_start in the order both were started (the agents'
-   * chain of a folded step: node_bridge.hpp). */
-  int (*sendrecv_start)(nodal_internode*, int dest, const void* send, uint64_t send_bytes, int source, void* recv,
-                        uint64_t recv_bytes, char* error, size_t error_size);
+  /* Starts `count` transfers with other agents as the collective in flight (completed through
+   * test); each matches the peer's transfer of the other direction in the order both were started
+   * (the agents' pipelined chain of a folded step: node_bridge.hpp). */
+  int (*exchange_start)(nodal_internode*, const nodal_internode_transfer* transfers, uint32_t count, char* error,
+                        size_t error_size);
 } nodal_internode_ops;
 
 /* The symbol the engine exports. */

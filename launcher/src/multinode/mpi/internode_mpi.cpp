@@ -19,7 +19,7 @@ struct nodal_internode {
   MPI_Comm collectives = MPI_COMM_NULL;
   MPI_Comm notices = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
-  MPI_Request in_flight[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // the collective in flight (a sendrecv: both)
+  std::vector<MPI_Request> in_flight;  // the collective in flight (an exchange: one request per transfer)
   int rank = 0;
   int size = 1;
   std::vector<int> counts, displs;  // the allgatherv in flight
@@ -36,7 +36,13 @@ struct nodal_internode {
 namespace {
 
 constexpr int kNoticeTag = 7;
-constexpr int kSendRecvTag = 8;  // on `collectives`, whose other operations are MPI collectives
+constexpr int kExchangeTag = 8;  // on `collectives`, whose other operations are MPI collectives
+
+/// The request of the one collective about to start.
+MPI_Request* start(nodal_internode* self) {
+  self->in_flight.assign(1, MPI_REQUEST_NULL);
+  return self->in_flight.data();
+}
 
 int say(char* error, size_t size, const std::string& text) {
   std::snprintf(error, size, "%s", text.c_str());
@@ -101,7 +107,7 @@ int to_int(uint64_t value, int* out, char* error, size_t error_size) {
 int allgather_start(nodal_internode* self, const void* send, void* recv, uint64_t bytes, char* error, size_t error_size) {
   int n = 0;
   if (to_int(bytes, &n, error, error_size)) return 1;
-  NODAL_MPI(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, self->collectives, &self->in_flight[0]));
+  NODAL_MPI(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, self->collectives, start(self)));
   return 0;
 }
 
@@ -115,30 +121,38 @@ int allgatherv_start(nodal_internode* self, void* buffer, const uint64_t* counts
     }
   }
   NODAL_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, buffer, self->counts.data(), self->displs.data(), MPI_BYTE,
-                            self->collectives, &self->in_flight[0]));
+                            self->collectives, start(self)));
   return 0;
 }
 
 int broadcast_start(nodal_internode* self, void* buffer, uint64_t bytes, int root, char* error, size_t error_size) {
   int n = 0;
   if (to_int(bytes, &n, error, error_size)) return 1;
-  NODAL_MPI(MPI_Ibcast(buffer, n, MPI_BYTE, root, self->collectives, &self->in_flight[0]));
+  NODAL_MPI(MPI_Ibcast(buffer, n, MPI_BYTE, root, self->collectives, start(self)));
   return 0;
 }
 
 int barrier_start(nodal_internode* self, char* error, size_t error_size) {
-  NODAL_MPI(MPI_Ibarrier(self->collectives, &self->in_flight[0]));
+  NODAL_MPI(MPI_Ibarrier(self->collectives, start(self)));
   return 0;
 }
 
-int sendrecv_start(nodal_internode* self, int dest, const void* send, uint64_t send_bytes, int source, void* recv,
-                   uint64_t recv_bytes, char* error, size_t error_size) {
-  int s = 0, r = 0;
-  if (to_int(send_bytes, &s, error, error_size) || to_int(recv_bytes, &r, error, error_size)) return 1;
-  if (source >= 0) {
-    NODAL_MPI(MPI_Irecv(recv, r, MPI_BYTE, source, kSendRecvTag, self->collectives, &self->in_flight[1]));
+int exchange_start(nodal_internode* self, const nodal_internode_transfer* transfers, uint32_t count, char* error,
+                   size_t error_size) {
+  std::vector<int> bytes(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    if (to_int(transfers[i].bytes, &bytes[i], error, error_size)) return 1;  // before any starts
   }
-  if (dest >= 0) NODAL_MPI(MPI_Isend(send, s, MPI_BYTE, dest, kSendRecvTag, self->collectives, &self->in_flight[0]));
+  self->in_flight.assign(count, MPI_REQUEST_NULL);
+  for (uint32_t i = 0; i < count; ++i) {
+    const nodal_internode_transfer& t = transfers[i];
+    MPI_Request* request = &self->in_flight[i];
+    if (t.send) {
+      NODAL_MPI(MPI_Isend(t.data, bytes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
+    } else {
+      NODAL_MPI(MPI_Irecv(t.data, bytes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
+    }
+  }
   return 0;
 }
 
@@ -153,7 +167,7 @@ void forget_sent_notices(nodal_internode* self) {
 
 int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   *done = 0;
-  NODAL_MPI(MPI_Testall(2, self->in_flight, done, MPI_STATUSES_IGNORE));
+  NODAL_MPI(MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, MPI_STATUSES_IGNORE));
   forget_sent_notices(self);
   return 0;
 }
@@ -276,7 +290,7 @@ int finalize(nodal_internode* self, char* error, size_t error_size) {
 constexpr nodal_internode_ops kOps = {
     NODAL_INTERNODE_ABI, "MPI", init, rank, size, allgather_start, allgatherv_start, broadcast_start, barrier_start, test,
     send_notice, poll_notice, abort_job, finalize, p2p_tag_limit, p2p_isend, p2p_irecv, p2p_completed, p2p_cancel_all,
-    sendrecv_start,
+    exchange_start,
 };
 
 }  // namespace
