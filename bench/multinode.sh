@@ -9,14 +9,14 @@
 #   -p  ranks per node (default "1 2"); the cluster has 2 nodes
 #   -s, -m  per-rank message sizes, powers of two from -s (default 4) to -m (default 64M)
 #   -o  the collective (default allreduce; any op of nodal-bench that runs across nodes)
-#   -g  also nodal-gathered: nodal with NODAL_NODE_FOLD=0 (reductions in the gathered shape, the
+#   -g  also nodal-gathered: nodal with NODAL_NODE_FOLD_MIN_BYTES=off (reductions in the gathered shape, the
 #       one before the folded shape: nodal/detail/node_bridge.hpp)
 #
 # Libraries, each started once per node by Open MPI's mpirun over the same namespaces:
 #   nodal        mpirun -n 2 nodalrun -n P nodal-bench       (one agent per node, P ranks each)
 #   openmpi      mpirun -n 2P mpi_bench_openmpi              (P ranks per node; btl tcp,vader,self)
 #   openmpi-han  the same with --mca coll_han_priority 100   (Open MPI's hierarchical collectives)
-#   nodal-gathered (-g) as nodal, with -x NODAL_NODE_FOLD=0
+#   nodal-gathered (-g) as nodal, with -x NODAL_NODE_FOLD_MIN_BYTES=off
 # Where a node's processes outnumber the machine's cores, Open MPI runs with mpi_yield_when_idle
 # (what mpirun --oversubscribe sets): its busy polling otherwise takes milliseconds per call here.
 # Needs root (namespaces), Open MPI (openmpi-bin, libopenmpi-dev) and nodalrun's MPI engine.
@@ -96,7 +96,7 @@ run_one() {  # ROUND LIB P
   ((2 * p + 2 > cores)) && yield=(--mca mpi_yield_when_idle 1)
   case $lib in
     nodal) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,self --host "${hosts//,/:1,}:1" -n 2 "$nodalrun" -n "$p" "$nodal_bench" "${args[@]}") ;;
-    nodal-gathered) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,self -x NODAL_NODE_FOLD=0 --host "${hosts//,/:1,}:1" -n 2 "$nodalrun" -n "$p" "$nodal_bench" "${args[@]}") ;;
+    nodal-gathered) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,self -x NODAL_NODE_FOLD_MIN_BYTES=off --host "${hosts//,/:1,}:1" -n 2 "$nodalrun" -n "$p" "$nodal_bench" "${args[@]}") ;;
     openmpi) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,vader,self "${yield[@]}" --host "$hostlist" -n $((2 * p)) "$mpi_bench" "${args[@]}") ;;
     openmpi-han) cmd=(mpirun.openmpi "${base[@]}" --mca btl tcp,vader,self "${yield[@]}" --mca coll_han_priority 100 --host "$hostlist" -n $((2 * p)) "$mpi_bench" "${args[@]}") ;;
   esac

@@ -98,23 +98,28 @@ TEST(MultiNode, UnderSlurmEveryRankIsATaskOfItsOwnWithEitherStartMethod) {
   }
 }
 
-TEST(MultiNode, NodesThatDisagreeOnTheStepBufferAreAUsageError) {
-  // MPMD: node 0 and node 1 each get their own NODAL_NODE_BUFFER_BYTES.
-  auto node = [](const char* bytes) {
-    return std::vector<std::string>{"-n", "1", "-x", std::string("NODAL_NODE_BUFFER_BYTES=") + bytes,
-                                    NODAL_TEST_NODALRUN, "-n", "1", NODAL_TEST_MULTINODE_PROGRAM, "env"};
-  };
-  std::vector<std::string> argv = {NODAL_TEST_MPIRUN, "--oversubscribe", "--mca", "btl", "tcp,self", "--bind-to", "none"};
-  for (const std::string& word : node("1M")) argv.push_back(word);
-  argv.push_back(":");
-  for (const std::string& word : node("2M")) argv.push_back(word);
-  ChildResult r = run_job(argv, {}, 60s);
-  ASSERT_FALSE(r.timed_out) << r.err;
-  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.err.find("NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has 1048576, node 1 2097152"),
-            std::string::npos)
-      << r.err;
-  EXPECT_EQ(r.out.find("rank="), std::string::npos) << "a rank started:\n" << r.out;
+TEST(MultiNode, NodesThatDisagreeOnTheStepBufferOrFoldSizeAreAUsageError) {
+  // MPMD: node 0 and node 1 each get their own value of `variable`.
+  for (auto [variable, value0, value1, message] :
+       {std::tuple{"NODAL_NODE_BUFFER_BYTES", "1M", "2M",
+                   "NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has 1048576, node 1 2097152"},
+        std::tuple{"NODAL_NODE_FOLD_MIN_BYTES", "64K", "off",
+                   "NODAL_NODE_FOLD_MIN_BYTES differs between nodes: node 0 has 65536, node 1 off"}}) {
+    SCOPED_TRACE(variable);
+    auto node = [&](const char* value) {
+      return std::vector<std::string>{"-n", "1", "-x", std::string(variable) + "=" + value,
+                                      NODAL_TEST_NODALRUN, "-n", "1", NODAL_TEST_MULTINODE_PROGRAM, "env"};
+    };
+    std::vector<std::string> argv = {NODAL_TEST_MPIRUN, "--oversubscribe", "--mca", "btl", "tcp,self", "--bind-to", "none"};
+    for (const std::string& word : node(value0)) argv.push_back(word);
+    argv.push_back(":");
+    for (const std::string& word : node(value1)) argv.push_back(word);
+    ChildResult r = run_job(argv, {}, 60s);
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("rank="), std::string::npos) << "a rank started:\n" << r.out;
+  }
 }
 
 TEST(MultiNode, CollectivesAcrossNodesGiveTheOneNodeBits) {
@@ -122,13 +127,13 @@ TEST(MultiNode, CollectivesAcrossNodesGiveTheOneNodeBits) {
   // steps of the node buffer; the digest of all results must equal a one-node job's. The large
   // reductions take the folded shape (node_bridge.hpp): on 3 nodes through a middle node, with a
   // 2 MiB buffer in steps of 2 and 1 segments of folded_step.cpp (100000 f64: 699 KB + 101 KB per
-  // rank); with NODAL_NODE_FOLD=0 the gathered one, to the same bits.
+  // rank); with NODAL_NODE_FOLD_MIN_BYTES=off the gathered one, to the same bits.
   const std::vector<std::string> matrix = {NODAL_TEST_COLL_PROGRAM, "matrix", "sizes=4,1024,100000"};
   for (auto [nodes, ranks, fold, buffer] : {std::tuple{2, 2, true, "1M"}, std::tuple{3, 1, true, "2M"},
                                             std::tuple{2, 2, false, "1M"}}) {
     SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks, fold " + (fold ? "on" : "off"));
     ChildResult across = run_job(loopback(nodes, ranks, matrix), {std::string("NODAL_NODE_BUFFER_BYTES=") + buffer,
-                                                                  fold ? "NODAL_NODE_FOLD=1" : "NODAL_NODE_FOLD=0"});
+                                                                  fold ? "NODAL_NODE_FOLD_MIN_BYTES=0" : "NODAL_NODE_FOLD_MIN_BYTES=off"});
     ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
     std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", std::to_string(nodes * ranks)};
     one_node.insert(one_node.end(), matrix.begin(), matrix.end());

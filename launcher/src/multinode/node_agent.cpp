@@ -31,7 +31,7 @@ struct NodeRecord {
   std::int32_t local_size;
   std::int32_t master_port;  ///< node 0's is everyone's
   std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
-  std::int32_t fold;           ///< NODAL_NODE_FOLD (1 unless set to 0): the ranks shape steps by it, so likewise
+  std::uint64_t fold_min_bytes;  ///< NODAL_NODE_FOLD_MIN_BYTES: the ranks shape steps by it, so likewise
   char host[64];
   char master_addr[128];
 };
@@ -192,10 +192,10 @@ void NodeAgent::exchange(const Options& options) {
   mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
   const char* buffer_text = std::getenv("NODAL_NODE_BUFFER_BYTES");
   mine.buffer_bytes = buffer_text ? detail::parse_bytes(buffer_text) : detail::kNodeBufferBytes;
-  const char* fold_text = std::getenv("NODAL_NODE_FOLD");
-  const std::string_view fold(fold_text ? fold_text : "1");
-  if (fold != "0" && fold != "1") throw UsageError(fmt::format("NODAL_NODE_FOLD={}: expected 0 or 1", fold));
-  mine.fold = fold == "1";
+  const char* fold_text = std::getenv("NODAL_NODE_FOLD_MIN_BYTES");
+  mine.fold_min_bytes = !fold_text                        ? detail::kNodeFoldMinBytes
+                        : std::string_view(fold_text) == "off" ? UINT64_MAX
+                                                               : detail::parse_bytes(fold_text);
   std::vector<NodeRecord> all(static_cast<std::size_t>(engine_->size()));
   engine_->allgather_start(&mine, all.data(), sizeof mine);
   while (!engine_->test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -212,21 +212,22 @@ void NodeAgent::exchange(const Options& options) {
       throw UsageError(fmt::format("NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has {}, node {} {}",
                                    all[0].buffer_bytes, node, r.buffer_bytes));
     }
-    if (r.fold != all[0].fold) {
-      throw UsageError(fmt::format("NODAL_NODE_FOLD differs between nodes: node 0 has {}, node {} {}", all[0].fold, node,
-                                   r.fold));
+    if (r.fold_min_bytes != all[0].fold_min_bytes) {
+      auto text = [](std::uint64_t v) { return v == UINT64_MAX ? std::string("off") : std::to_string(v); };
+      throw UsageError(fmt::format("NODAL_NODE_FOLD_MIN_BYTES differs between nodes: node 0 has {}, node {} {}",
+                                   text(all[0].fold_min_bytes), node, text(r.fold_min_bytes)));
     }
   }
   world_size_ = next;
   master_addr_ = all[0].master_addr[0] ? std::string(all[0].master_addr) : nodes_[0].host;
   master_port_ = all[0].master_port;
   buffer_bytes_ = static_cast<std::size_t>(all[0].buffer_bytes);
-  fold_ = all[0].fold != 0;
   // The first allgather of every step has the same size on every node: a description and room
   // for kSmallNodeBytes of data (the largest node's ranks' parts of a small step).
   int largest = 1;
   for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
   small_step_bytes_ = kSmallNodeBytes / static_cast<std::size_t>(largest);
+  fold_min_bytes_ = all[0].fold_min_bytes;
 }
 
 void NodeAgent::serve(Arena& arena) {
@@ -240,7 +241,7 @@ void NodeAgent::serve(Arena& arena) {
     b->world_size = world_size_;
     b->first_rank = first_rank();
     b->capacity = capacity;
-    b->fold_min_bytes = fold_ ? small_step_bytes_ : UINT64_MAX;
+    b->fold_min_bytes = std::max<std::uint64_t>(fold_min_bytes_, small_step_bytes_);
     for (int j = 0; j < local; ++j) new (&b->ranks()[j]) detail::BridgeRank();
   });
   auto* bridge = static_cast<detail::NodeBridge*>(where);

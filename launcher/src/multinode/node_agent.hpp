@@ -124,7 +124,7 @@ class NodeAgent {
   std::string master_addr_;
   int master_port_ = 0;
   std::size_t buffer_bytes_ = 0;  ///< each step buffer's size (NODAL_NODE_BUFFER_BYTES), the same on every node
-  bool fold_ = true;              ///< reductions' steps may be folded (NODAL_NODE_FOLD), the same on every node
+  std::uint64_t fold_min_bytes_ = 0;  ///< NODAL_NODE_FOLD_MIN_BYTES (node_bridge.hpp), the same on every node
   int event_fd_ = -1;
   std::chrono::duration<double> node_timeout_{10.0};
 

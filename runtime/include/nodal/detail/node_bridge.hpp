@@ -14,8 +14,9 @@
 //   0's agent folds its ranks' contributions into its last rank's slot and sends that partial to
 //   node 1, whose agent receives it into the slot before its first rank's (node 0's last rank's),
 //   folds it with its ranks' contributions, and so on; the last node's fold is the result, which
-//   it broadcasts into the last slot (world_size - 1) on every node. Left to right in rank order
-//   throughout: the one-node bits. Each link carries the data once each way (2 x bytes in all
+//   goes back along the chain into the last slot (world_size - 1) on every node, pipelined by
+//   segments (launcher/src/multinode/folded_step.cpp). Left to right in rank order throughout:
+//   the one-node bits. Each link carries the data once each way (2 x bytes in all
 //   per node pair), against world_size x bytes gathered, and every node folds once instead of
 //   every rank folding every contribution. (Open MPI's coll/han moves 2 x too, as reduce +
 //   broadcast or reduce-scatter + allgather, but folds in the order of its trees.)
@@ -53,6 +54,12 @@ namespace nodal::detail {
 inline constexpr const char* kNodeBridgeName = "nodal.node_bridge";
 /// The size of each step buffer, bytes (NODAL_NODE_BUFFER_BYTES overrides).
 inline constexpr std::size_t kNodeBufferBytes = 8u << 20;
+/// A reduction's step of more bytes per rank than this is folded, where folding is exact
+/// (NODAL_NODE_FOLD_MIN_BYTES overrides: bytes, or "off"). Measured on 2 namespace nodes
+/// (bench/results/2026-11-28-multinode-folded.md): at 2 x 2 ranks folding wins from 512 KiB and
+/// loses at 64-256 KiB (three rounds between agents where gathering takes one); at 2 x 1 it wins
+/// from 2 MiB and ties below.
+inline constexpr std::size_t kNodeFoldMinBytes = 512u << 10;
 /// Step buffers, used in turn (see above).
 inline constexpr int kNodeBuffers = 3;
 
@@ -109,8 +116,9 @@ struct NodeBridge {
   std::uint64_t capacity = 0;    ///< bytes of each step buffer
   std::uint64_t buffer_offset[kNodeBuffers] = {};  ///< arena offsets; step s uses s % kNodeBuffers
   /// A reduction's step of more bytes per rank than this is folded (StepShape::folded) where that
-  /// is exact; the agent sets it before the ranks start (its small-step size: smaller steps ride
-  /// with the descriptions in one allgather). UINT64_MAX: never (NODAL_NODE_FOLD=0).
+  /// is exact; the agent sets it before the ranks start: kNodeFoldMinBytes or its override, and
+  /// never below the agents' small-step size (those steps ride with the descriptions in one
+  /// allgather). UINT64_MAX: never (NODAL_NODE_FOLD_MIN_BYTES=off).
   std::uint64_t fold_min_bytes = 0;
   /// The last step the agent finished. Ranks wait for it; `word` wakes them.
   alignas(64) std::atomic<std::uint64_t> done{0};
