@@ -265,7 +265,7 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     } else if (g == call.root) {
       copy_bytes(buf, bytes(call.input) + e0 * es, step_bytes);
     }
-    const bool folded = foldable && step_bytes > b.fold_min_bytes;
+    const bool folded = foldable && step_bytes >= b.fold_min_bytes;
     folded_any = folded_any || folded;
     mine.steps[s % 2] = describe_step(call, wire, number, step_bytes);
     if (folded) mine.steps[s % 2].shape = static_cast<std::uint8_t>(StepShape::folded);

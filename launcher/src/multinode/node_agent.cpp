@@ -241,7 +241,7 @@ void NodeAgent::serve(Arena& arena) {
     b->world_size = world_size_;
     b->first_rank = first_rank();
     b->capacity = capacity;
-    b->fold_min_bytes = std::max<std::uint64_t>(fold_min_bytes_, small_step_bytes_);
+    b->fold_min_bytes = std::max<std::uint64_t>(fold_min_bytes_, small_step_bytes_ + 1);
     for (int j = 0; j < local; ++j) new (&b->ranks()[j]) detail::BridgeRank();
   });
   auto* bridge = static_cast<detail::NodeBridge*>(where);

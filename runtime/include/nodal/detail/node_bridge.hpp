@@ -10,7 +10,7 @@
 //   holds all of them on every node, and each rank reduces them in rank order. world_size x bytes
 //   cross between nodes; for steps of up to the agents' small size it is one allgather.
 // - folded (a reduction whose chained fold is exact: see folds_exactly in across_nodes.cpp, and
-//   larger than `fold_min_bytes`): the agents fold along the chain of nodes in node order. Node
+//   of at least `fold_min_bytes`): the agents fold along the chain of nodes in node order. Node
 //   0's agent folds its ranks' contributions into its last rank's slot and sends that partial to
 //   node 1, whose agent receives it into the slot before its first rank's (node 0's last rank's),
 //   folds it with its ranks' contributions, and so on; the last node's fold is the result, which
@@ -54,7 +54,7 @@ namespace nodal::detail {
 inline constexpr const char* kNodeBridgeName = "nodal.node_bridge";
 /// The size of each step buffer, bytes (NODAL_NODE_BUFFER_BYTES overrides).
 inline constexpr std::size_t kNodeBufferBytes = 8u << 20;
-/// A reduction's step of more bytes per rank than this is folded, where folding is exact
+/// A reduction's step of this many bytes per rank or more is folded, where folding is exact
 /// (NODAL_NODE_FOLD_MIN_BYTES overrides: bytes, or "off"). Measured on 2 namespace nodes
 /// (bench/results/2026-11-28-multinode-folded.md): at 2 x 2 ranks folding wins from 512 KiB and
 /// loses at 64-256 KiB (three rounds between agents where gathering takes one); at 2 x 1 it wins
@@ -115,9 +115,9 @@ struct NodeBridge {
   std::int32_t first_rank = 0;   ///< the global rank of local rank 0 (torchrun's prefix sum)
   std::uint64_t capacity = 0;    ///< bytes of each step buffer
   std::uint64_t buffer_offset[kNodeBuffers] = {};  ///< arena offsets; step s uses s % kNodeBuffers
-  /// A reduction's step of more bytes per rank than this is folded (StepShape::folded) where that
-  /// is exact; the agent sets it before the ranks start: kNodeFoldMinBytes or its override, and
-  /// never below the agents' small-step size (those steps ride with the descriptions in one
+  /// A reduction's step of this many bytes per rank or more is folded (StepShape::folded) where
+  /// that is exact; the agent sets it before the ranks start: kNodeFoldMinBytes or its override,
+  /// and always above the agents' small-step size (those steps ride with the descriptions in one
   /// allgather). UINT64_MAX: never (NODAL_NODE_FOLD_MIN_BYTES=off).
   std::uint64_t fold_min_bytes = 0;
   /// The last step the agent finished. Ranks wait for it; `word` wakes them.
