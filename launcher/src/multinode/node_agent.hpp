@@ -96,6 +96,8 @@ class NodeAgent {
   /// Moves a reduction step in the folded shape (node_bridge.hpp; folded_step.cpp): `buffer` is the
   /// step's, each contributor's part at global rank x step.bytes. False when the job is ending.
   bool fold_step(const detail::BridgeStep& step, std::byte* buffer);
+  /// Starts the allgather of every node's block_ into blocks_ (a step's descriptions and small data).
+  void allgather_blocks();
   /// Sends what is queued, receives notices, sends heartbeats, checks the other nodes' silence.
   void poll();
   /// Until the engine's collective completes, polling meanwhile; gives up when another node
@@ -150,6 +152,7 @@ class NodeAgent {
   std::size_t block_bytes_ = 0;     ///< one node's block in that allgather
   std::vector<std::byte> block_;    ///< this node's block
   std::vector<std::byte> blocks_;   ///< every node's
+  std::vector<nodal_internode_transfer> transfers_;  ///< allgather_blocks' in flight
   std::vector<std::chrono::steady_clock::time_point> last_heard_;
   std::chrono::steady_clock::time_point last_beat_{};
   std::unique_ptr<P2PRelay> relay_;  ///< while serving
