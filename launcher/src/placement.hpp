@@ -20,11 +20,21 @@ struct Placement {
   bool crowded = false;
 };
 
-/// Loads the topology once (cores, PUs and NUMA nodes only; no plugins, no I/O discovery) and assigns rank r to core r % cores (core) or
-/// NUMA node r % nodes (numa). automatic: core while nprocs <= cores, else none (oversubscribed
-/// ranks pinned to shared cores would only stop the kernel from balancing them).
-/// Throws std::runtime_error when hwloc cannot read the topology.
-Placement place_ranks(int nprocs, BindTo bind_to);
+/// This nodalrun's ranks among all the ranks on its machine: several nodalruns of a job across
+/// nodes may share one host (two agents on one host are two nodes: the loopback tests, a cluster
+/// of network namespaces). Alone: {0, nprocs}.
+struct HostShare {
+  int first = 0;  ///< how many of the host's ranks come before this nodalrun's
+  int ranks = 0;  ///< the host's ranks, this nodalrun's included
+};
+
+/// Loads the topology once (cores, PUs and NUMA nodes only; no plugins, no I/O discovery) and
+/// assigns rank r to core (share.first + r) % cores (core) or NUMA node (share.first + r) % nodes
+/// (numa). automatic: core while the host's ranks fit its cores, else none (oversubscribed ranks
+/// pinned to shared cores would only stop the kernel from balancing them). `crowded` counts the
+/// host's ranks too. Throws std::runtime_error when hwloc cannot read the topology.
+Placement place_ranks(int nprocs, BindTo bind_to, HostShare share);
+inline Placement place_ranks(int nprocs, BindTo bind_to) { return place_ranks(nprocs, bind_to, {0, nprocs}); }
 
 /// "core 0-1" style description of a CPU set, for messages and the report.
 std::string describe_cpuset(const cpu_set_t& set);

@@ -208,7 +208,8 @@ void Supervisor::set_up() {
   // Placement before the first fork: a rank is bound before its program runs a single
   // instruction (binding from outside after exec raced with the rank's own first threads).
   step = Clock::now();
-  placement_ = place_ranks(options_.nprocs, options_.bind_to);
+  placement_ = place_ranks(options_.nprocs, options_.bind_to,
+                           agent_ ? agent_->host_share() : HostShare{0, options_.nprocs});
   note("placement (hwloc topology, --bind-to)", step);
   if (options_.mpi != MpiSupport::none) {
     step = Clock::now();

@@ -79,6 +79,21 @@ TEST(MultiNode, RanksAndEnvironmentFollowTorchrunsRule) {
   EXPECT_EQ(masters.size(), 1u) << r.out;
 }
 
+TEST(MultiNode, NodesOnOneHostBindTheirRanksToDifferentCores) {
+  // Two nodalruns on this host are two nodes sharing its cores: node 1's rank takes the core
+  // after node 0's (placement.hpp HostShare), not core 0 again.
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  ChildResult r = run_job(loopback(2, 1, {NODAL_TEST_MULTINODE_PROGRAM, "env"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::map<int, std::string> cpus;
+  std::regex line(R"(\[(\d+)\] rank=\d+ .* cpus=(\S+))");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end; it != end; ++it) cpus[std::stoi((*it)[1])] = (*it)[2];
+  ASSERT_EQ(cpus.size(), 2u) << r.out;
+  EXPECT_EQ(cpus[0].find(','), std::string::npos) << "rank 0 is not bound to one core:\n" << r.out;
+  EXPECT_EQ(cpus[1].find(','), std::string::npos) << "rank 1 is not bound to one core:\n" << r.out;
+  EXPECT_NE(cpus[0], cpus[1]) << r.out;
+}
+
 TEST(MultiNode, UnderSlurmEveryRankIsATaskOfItsOwnWithEitherStartMethod) {
   // srun's per-task values (here beside mpirun's, which places the agents) are rewritten for
   // each rank: SLURM_PROCID its global rank, SLURM_LOCALID its local rank, SLURM_NTASKS the world.
@@ -494,7 +509,7 @@ TEST_F(SlurmCluster, SrunStartsOneAgentPerNodeAndRanksFollowTorchrunsRule) {
   for (int rank = 0; rank < 4; ++rank) {
     const std::regex expected("\\[" + std::to_string(rank) + "\\] rank=" + std::to_string(rank) + " world=4 local=" +
                               std::to_string(rank % 2) + "/2 group=" + std::to_string(rank / 2) + "/2 node=" +
-                              std::to_string(rank / 2) + "/2 master=nodal-s1:[1-9][0-9]* launcher_vars=0 slurm=" +
+                              std::to_string(rank / 2) + "/2 master=nodal-s1:[1-9][0-9]* cpus=\\S+ launcher_vars=0 slurm=" +
                               std::to_string(rank) + "/" + std::to_string(rank % 2) + "/4\n");
     EXPECT_TRUE(std::regex_search(r.out, expected)) << "rank " << rank << ":\n" << r.out;
   }

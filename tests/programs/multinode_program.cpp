@@ -5,6 +5,7 @@
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <atomic>
@@ -31,16 +32,27 @@ const char* env_or(const char* name, const char* fallback) {
 }
 
 /// What nodalrun gave this rank.
+/// "0,1": the CPUs this process may run on.
+std::string allowed_cpus() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  std::string text;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) text += (text.empty() ? "" : ",") + std::to_string(cpu);
+  }
+  return text;
+}
+
 int env_mode(const nodal::Context& ctx) {
   int launcher_vars = 0;
   for (char** e = environ; *e; ++e) {
     launcher_vars += std::strncmp(*e, "PMIX_", 5) == 0 || std::strncmp(*e, "OMPI_", 5) == 0 || std::strncmp(*e, "PMI_", 4) == 0;
   }
-  std::printf("rank=%d world=%d local=%d/%d group=%s/%s node=%s/%s master=%s:%s launcher_vars=%d slurm=%s/%s/%s\n",
+  std::printf("rank=%d world=%d local=%d/%d group=%s/%s node=%s/%s master=%s:%s cpus=%s launcher_vars=%d slurm=%s/%s/%s\n",
               ctx.rank(), ctx.world_size(), ctx.local_rank(), ctx.local_world_size(), env_or("GROUP_RANK", "-"),
               env_or("GROUP_WORLD_SIZE", "-"), env_or("NODAL_NODE_RANK", "-"), env_or("NODAL_NNODES", "-"),
-              env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"), launcher_vars, env_or("SLURM_PROCID", "-"),
-              env_or("SLURM_LOCALID", "-"), env_or("SLURM_NTASKS", "-"));
+              env_or("MASTER_ADDR", "-"), env_or("MASTER_PORT", "-"), allowed_cpus().c_str(), launcher_vars,
+              env_or("SLURM_PROCID", "-"), env_or("SLURM_LOCALID", "-"), env_or("SLURM_NTASKS", "-"));
   // The world communicator agrees: every rank's global rank, gathered.
   nodal::Communicator world = ctx.world();
   int mine = ctx.rank();

@@ -109,6 +109,18 @@ NodeAgent::~NodeAgent() {
   if (event_fd_ >= 0) ::close(event_fd_);
 }
 
+HostShare NodeAgent::host_share() const {
+  HostShare share;
+  const std::string& host = nodes_[static_cast<std::size_t>(node_rank_)].host;
+  for (int k = 0; k < nnodes(); ++k) {
+    const NodeInfo& node = nodes_[static_cast<std::size_t>(k)];
+    if (node.host != host) continue;
+    if (k < node_rank_) share.first += node.local_size;
+    share.ranks += node.local_size;
+  }
+  return share;
+}
+
 std::string NodeAgent::label(int node) const {
   return fmt::format("node {} ({})", node, nodes_[static_cast<std::size_t>(node)].host);
 }

@@ -28,6 +28,7 @@
 #include "multinode/node_launch.hpp"
 #include "multinode/p2p_relay.hpp"
 #include "options.hpp"
+#include "placement.hpp"
 
 namespace nodal::detail {
 struct NodeBridge;
@@ -69,6 +70,8 @@ class NodeAgent {
   const std::vector<NodeInfo>& nodes() const { return nodes_; }
   const std::string& master_addr() const { return master_addr_; }
   int master_port() const { return master_port_; }
+  /// This node's ranks among those of every node on its host (nodes with its host name).
+  HostShare host_share() const;
   /// "node 1 (host)".
   std::string label(int node) const;
 
