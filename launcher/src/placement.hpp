@@ -21,8 +21,10 @@ struct Placement {
 };
 
 /// This nodalrun's ranks among all the ranks on its machine: several nodalruns of a job across
-/// nodes may share one host (two agents on one host are two nodes: the loopback tests, a cluster
-/// of network namespaces). Alone: {0, nprocs}.
+/// nodes may share one machine (two agents on one host are two nodes: the loopback tests, a
+/// cluster of network namespaces or containers). Alone: {0, nprocs}. Not handled: nodalruns on
+/// one machine that were each given CPUs of their own (cgroups) still count each other's ranks
+/// as if they shared the cores.
 struct HostShare {
   int first = 0;  ///< how many of the host's ranks come before this nodalrun's
   int ranks = 0;  ///< the host's ranks, this nodalrun's included

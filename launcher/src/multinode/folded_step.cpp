@@ -7,7 +7,7 @@
 // bandwidth-optimal allreduce analyses): in tick t, node k folds segment t - k, and a segment's
 // result reaches node k in tick t = segment + 2 (K - 1) - k. So partials of later segments go
 // down the chain while results of earlier ones come back up it: both directions of every link
-// busy at once, and the fold of one segment beside the transfers of others.
+// busy at once. (Within a node a tick's fold follows its transfers: overlapping them is not done.)
 #include "multinode/node_agent.hpp"
 
 #include <nodal/detail/node_bridge.hpp>

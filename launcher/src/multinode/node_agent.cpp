@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -33,6 +34,7 @@ struct NodeRecord {
   std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
   std::uint64_t fold_min_bytes;  ///< NODAL_NODE_FOLD_MIN_BYTES: the ranks shape steps by it, so likewise
   char host[64];
+  char machine[40];  ///< /proc/sys/kernel/random/boot_id (NodeInfo::machine)
   char master_addr[128];
 };
 
@@ -62,6 +64,15 @@ std::string host_name() {
   char name[64] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
+}
+
+/// The kernel's boot id (a UUID drawn at boot): one per machine, whatever its containers' host
+/// names; the host name where it cannot be read.
+std::string machine_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (in >> id && !id.empty()) return id;
+  return host_name();
 }
 
 double env_seconds(const char* name, double fallback) {
@@ -111,10 +122,10 @@ NodeAgent::~NodeAgent() {
 
 HostShare NodeAgent::host_share() const {
   HostShare share;
-  const std::string& host = nodes_[static_cast<std::size_t>(node_rank_)].host;
+  const std::string& machine = nodes_[static_cast<std::size_t>(node_rank_)].machine;
   for (int k = 0; k < nnodes(); ++k) {
     const NodeInfo& node = nodes_[static_cast<std::size_t>(k)];
-    if (node.host != host) continue;
+    if (node.machine != machine) continue;
     if (k < node_rank_) share.first += node.local_size;
     share.ranks += node.local_size;
   }
@@ -205,6 +216,7 @@ void NodeAgent::exchange(const Options& options) {
   mine.local_size = options.nprocs;
   const std::string host = host_name();
   std::snprintf(mine.host, sizeof mine.host, "%s", host.c_str());
+  std::snprintf(mine.machine, sizeof mine.machine, "%s", machine_id().c_str());
   std::snprintf(mine.master_addr, sizeof mine.master_addr, "%s", options.master_addr.value_or("").c_str());
   // Where torch's TCPStore listens (rank 0, on node 0): a port free there on every interface.
   mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
@@ -220,7 +232,8 @@ void NodeAgent::exchange(const Options& options) {
   int next = 0;
   for (const NodeRecord& r : all) {
     const auto node = &r - all.data();
-    nodes_.push_back({r.local_size, next, std::string(r.host, strnlen(r.host, sizeof r.host))});
+    nodes_.push_back({r.local_size, next, std::string(r.host, strnlen(r.host, sizeof r.host)),
+                      std::string(r.machine, strnlen(r.machine, sizeof r.machine))});
     next += r.local_size;
     if (std::strncmp(r.master_addr, all[0].master_addr, sizeof r.master_addr) != 0) {
       throw UsageError(fmt::format("--master-addr differs between nodes: node 0 gave '{}', node {} '{}'",

@@ -41,6 +41,9 @@ struct NodeInfo {
   int local_size = 0;  ///< ranks on the node (its nodalrun's -n)
   int first_rank = 0;  ///< the global rank of its local rank 0
   std::string host;
+  /// The machine it runs on: the kernel's boot id, the same for nodes that are containers or
+  /// network namespaces of one machine (with host names of their own) and so share its cores.
+  std::string machine;
 };
 
 /// What ended the job elsewhere, as this node reports it.
@@ -70,7 +73,7 @@ class NodeAgent {
   const std::vector<NodeInfo>& nodes() const { return nodes_; }
   const std::string& master_addr() const { return master_addr_; }
   int master_port() const { return master_port_; }
-  /// This node's ranks among those of every node on its host (nodes with its host name).
+  /// This node's ranks among those of every node on its machine (NodeInfo::machine).
   HostShare host_share() const;
   /// "node 1 (host)".
   std::string label(int node) const;

@@ -20,6 +20,8 @@ struct nodal_internode {
   MPI_Comm notices = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   std::vector<MPI_Request> in_flight;  // the collective in flight (an exchange: one request per transfer)
+  std::vector<int> in_flight_expected;  // per request: a receive's exact bytes, -1 otherwise
+  std::vector<MPI_Status> statuses;
   int rank = 0;
   int size = 1;
   std::vector<int> counts, displs;  // the allgatherv in flight
@@ -41,6 +43,7 @@ constexpr int kExchangeTag = 8;  // on `collectives`, whose other operations are
 /// The request of the one collective about to start.
 MPI_Request* start(nodal_internode* self) {
   self->in_flight.assign(1, MPI_REQUEST_NULL);
+  self->in_flight_expected.assign(1, -1);
   return self->in_flight.data();
 }
 
@@ -144,8 +147,10 @@ int exchange_start(nodal_internode* self, const nodal_internode_transfer* transf
     if (to_int(transfers[i].bytes, &bytes[i], error, error_size)) return 1;  // before any starts
   }
   self->in_flight.assign(count, MPI_REQUEST_NULL);
+  self->in_flight_expected.assign(count, -1);
   for (uint32_t i = 0; i < count; ++i) {
     const nodal_internode_transfer& t = transfers[i];
+    if (!t.send) self->in_flight_expected[i] = bytes[i];
     MPI_Request* request = &self->in_flight[i];
     if (t.send) {
       NODAL_MPI(MPI_Isend(t.data, bytes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
@@ -167,8 +172,21 @@ void forget_sent_notices(nodal_internode* self) {
 
 int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   *done = 0;
-  NODAL_MPI(MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, MPI_STATUSES_IGNORE));
+  self->statuses.resize(self->in_flight.size());
+  NODAL_MPI(MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, self->statuses.data()));
   forget_sent_notices(self);
+  if (*done) {
+    for (size_t i = 0; i < self->in_flight_expected.size(); ++i) {
+      if (self->in_flight_expected[i] < 0) continue;
+      int received = 0;
+      MPI_Get_count(&self->statuses[i], MPI_BYTE, &received);
+      if (received != self->in_flight_expected[i]) {
+        return say(error, error_size, "an exchange received " + std::to_string(received) + " bytes where " +
+                                          std::to_string(self->in_flight_expected[i]) + " were expected");
+      }
+    }
+    self->in_flight_expected.clear();  // checked once
+  }
   return 0;
 }
 
