@@ -36,7 +36,6 @@ struct HostShare {
 /// pinned to shared cores would only stop the kernel from balancing them). `crowded` counts the
 /// host's ranks too. Throws std::runtime_error when hwloc cannot read the topology.
 Placement place_ranks(int nprocs, BindTo bind_to, HostShare share);
-inline Placement place_ranks(int nprocs, BindTo bind_to) { return place_ranks(nprocs, bind_to, {0, nprocs}); }
 
 /// "core 0-1" style description of a CPU set, for messages and the report.
 std::string describe_cpuset(const cpu_set_t& set);

@@ -43,13 +43,14 @@ bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer) {
   auto at = [&](int slot, long segment) {
     return buffer + static_cast<std::size_t>(slot) * step.bytes + static_cast<std::size_t>(segment) * per_segment * es;
   };
+  // Every segment holds elements: per_segment x (segments - 1) < elements, as a segment is at
+  // least kSegmentBytes / es elements.
   auto length = [&](long segment) {
-    const std::size_t first = static_cast<std::size_t>(segment) * per_segment;
-    return first < elements ? std::min(per_segment, elements - first) * es : 0;
+    return std::min(per_segment, elements - static_cast<std::size_t>(segment) * per_segment) * es;
   };
   const int partial_in = me.first_rank - 1, partial_out = end - 1, result = world_size_ - 1;
   const int from = k > 0 ? partial_in : me.first_rank;
-  auto valid = [&](long segment) { return segment >= 0 && segment < segments && length(segment) > 0; };
+  auto valid = [&](long segment) { return segment >= 0 && segment < segments; };
   std::vector<nodal_internode_transfer> transfers;
   std::vector<const void*> srcs;
   const long ticks = segments + 2L * last_node;

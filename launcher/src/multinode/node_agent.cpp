@@ -434,16 +434,11 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   } else if (shape == detail::StepShape::folded) {
     if (!fold_step(step, buffer)) return false;
   } else if (nnodes() <= kDirectAllgatherNodes) {
-    // Every node's part straight to every other node, all at once (see kDirectAllgatherNodes).
-    transfers_.clear();
     const auto [mine, my_length] = contribution(me, node_rank_);
-    for (int k = 0; k < nnodes(); ++k) {
+    exchange_with_every_node(buffer + mine, my_length, [&](int k) {
       const auto [offset, length] = contribution(nodes_[static_cast<std::size_t>(k)], k);
-      if (k == node_rank_) continue;
-      if (length > 0) transfers_.push_back({k, 0, buffer + offset, length});
-      if (my_length > 0) transfers_.push_back({k, 1, buffer + mine, my_length});
-    }
-    engine_->exchange_start(transfers_);
+      return std::pair{buffer + offset, length};
+    });
     wait_collective(true);
   } else if (shape == detail::StepShape::rooted) {
     engine_->broadcast_start(buffer, step.bytes, root_node);
@@ -467,11 +462,19 @@ bool NodeAgent::serve_step(std::uint64_t s) {
 void NodeAgent::allgather_blocks() {
   std::memcpy(blocks_.data() + static_cast<std::size_t>(node_rank_) * block_bytes_, block_.data(), block_bytes_);
   if (nnodes() > kDirectAllgatherNodes) return engine_->allgather_start(block_.data(), blocks_.data(), block_bytes_);
+  exchange_with_every_node(block_.data(), block_bytes_, [&](int k) {
+    return std::pair{blocks_.data() + static_cast<std::size_t>(k) * block_bytes_, block_bytes_};
+  });
+}
+
+void NodeAgent::exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
+                                         const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs) {
   transfers_.clear();
   for (int k = 0; k < nnodes(); ++k) {
     if (k == node_rank_) continue;
-    transfers_.push_back({k, 0, blocks_.data() + static_cast<std::size_t>(k) * block_bytes_, block_bytes_});
-    transfers_.push_back({k, 1, block_.data(), block_bytes_});
+    const auto [at, bytes] = theirs(k);
+    if (bytes > 0) transfers_.push_back({k, 0, at, bytes});
+    if (my_bytes > 0) transfers_.push_back({k, 1, mine, my_bytes});
   }
   engine_->exchange_start(transfers_);
 }

@@ -104,6 +104,11 @@ class NodeAgent {
   bool fold_step(const detail::BridgeStep& step, std::byte* buffer);
   /// Starts the allgather of every node's block_ into blocks_ (a step's descriptions and small data).
   void allgather_blocks();
+  /// Starts, as the collective in flight, sending `my_bytes` at `mine` to every other node and
+  /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0): one round
+  /// of direct sends and receives (kDirectAllgatherNodes in node_agent.cpp).
+  void exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
+                                const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs);
   /// Sends what is queued, receives notices, sends heartbeats, checks the other nodes' silence.
   void poll();
   /// Until the engine's collective completes, polling meanwhile; gives up when another node
@@ -158,7 +163,7 @@ class NodeAgent {
   std::size_t block_bytes_ = 0;     ///< one node's block in that allgather
   std::vector<std::byte> block_;    ///< this node's block
   std::vector<std::byte> blocks_;   ///< every node's
-  std::vector<nodal_internode_transfer> transfers_;  ///< allgather_blocks' in flight
+  std::vector<nodal_internode_transfer> transfers_;  ///< exchange_with_every_node's in flight
   std::vector<std::chrono::steady_clock::time_point> last_heard_;
   std::chrono::steady_clock::time_point last_beat_{};
   std::unique_ptr<P2PRelay> relay_;  ///< while serving

@@ -142,20 +142,21 @@ int barrier_start(nodal_internode* self, char* error, size_t error_size) {
 
 int exchange_start(nodal_internode* self, const nodal_internode_transfer* transfers, uint32_t count, char* error,
                    size_t error_size) {
-  std::vector<int> bytes(count);
+  // Every size checked before any transfer starts; a receive's is kept for test().
+  std::vector<int>& sizes = self->in_flight_expected;
+  sizes.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
-    if (to_int(transfers[i].bytes, &bytes[i], error, error_size)) return 1;  // before any starts
+    if (to_int(transfers[i].bytes, &sizes[i], error, error_size)) return 1;
   }
   self->in_flight.assign(count, MPI_REQUEST_NULL);
-  self->in_flight_expected.assign(count, -1);
   for (uint32_t i = 0; i < count; ++i) {
     const nodal_internode_transfer& t = transfers[i];
-    if (!t.send) self->in_flight_expected[i] = bytes[i];
     MPI_Request* request = &self->in_flight[i];
     if (t.send) {
-      NODAL_MPI(MPI_Isend(t.data, bytes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
+      NODAL_MPI(MPI_Isend(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
+      sizes[i] = -1;
     } else {
-      NODAL_MPI(MPI_Irecv(t.data, bytes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
+      NODAL_MPI(MPI_Irecv(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
     }
   }
   return 0;
