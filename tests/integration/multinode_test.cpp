@@ -241,8 +241,13 @@ TEST(MultiNode, MismatchedCallsAreAUsageErrorOnEveryRank) {
                                                "300000 x f32"),
             2)
       << r.out;
+  // The nodes differ (blocks of two lengths between the agents): every rank names both calls.
+  EXPECT_EQ(nodal::testing::count_lines(r.out, R"(UsageError: the nodes made different calls: allreduce #7 of 2000 x f32 on )"
+                                               R"(node 0 \(.*\), allreduce #7 of 4000 x f32 on node 1 )"),
+            4)
+      << r.out;
   // And the world works on after each, as on one node.
-  EXPECT_EQ(nodal::testing::count_lines(r.out, "2 mismatches, usable after each"), 4) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "3 mismatches, usable after each"), 4) << r.out;
 }
 
 TEST(MultiNode, VectorCollectivesAcrossNodesMatchTheirReferenceAndCheckCounts) {

@@ -150,17 +150,25 @@ int p2p_threads_mode(const nodal::Context& ctx) {
   return failures == 0 ? 0 : 1;
 }
 
-/// Rank 0 allreduces half as many elements as the others: every rank must get the same
-/// UsageError. Twice: a small mismatch (4 vs 9 elements, one step), then a large one (150000 vs
-/// 300000: with a 1 MiB node buffer, 3 steps vs 5, so the ranks must line up again); after each,
-/// the world works on, small and large.
+/// Every rank must get the same UsageError, three times, and the world works on after each, small
+/// and large: rank 0 allreduces half as many elements as the others, first a small call (4 vs 9
+/// elements, one step), then a large one (150000 vs 300000: with a 1 MiB node buffer, 3 steps vs 5,
+/// so the ranks must line up again); then node 0's ranks allreduce 2000 elements and node 1's 4000
+/// (one step each, data that rides with the descriptions: blocks of two lengths between agents).
 int mismatch_mode(const nodal::Context& ctx) {
   nodal::Communicator world = ctx.world();
+  const bool node0 = std::string(env_or("NODAL_NODE_RANK", "0")) == "0";
+  struct Case {
+    std::size_t mine, others;  // rank 0's count (or node 0's ranks'), the other ranks'
+    bool by_node;
+  };
   int errors = 0;
-  for (std::size_t size : {std::size_t{9}, std::size_t{300000}}) {
-    std::vector<float> buf(size, 1.0f);
+  for (Case c : {Case{4, 9, false}, Case{150000, 300000, false}, Case{2000, 4000, true}}) {
+    const bool first = c.by_node ? node0 : ctx.rank() == 0;
+    const std::size_t count = first ? c.mine : c.others;
+    std::vector<float> buf(count, 1.0f);
     try {
-      world.allreduce(buf.data(), buf.data(), ctx.rank() == 0 ? size / 2 : size, DType::f32, ReduceOp::sum);
+      world.allreduce(buf.data(), buf.data(), count, DType::f32, ReduceOp::sum);
       std::printf("rank %d: no error\n", ctx.rank());
     } catch (const nodal::UsageError& e) {
       ++errors;
@@ -176,7 +184,7 @@ int mismatch_mode(const nodal::Context& ctx) {
     }
   }
   std::printf("rank %d: %d mismatches, usable after each\n", ctx.rank(), errors);
-  return errors == 2 ? 0 : 1;
+  return errors == 3 ? 0 : 1;
 }
 
 /// Communicators and send/recv within one node of a job that spans nodes (run with 2 or more

@@ -58,10 +58,13 @@ bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer) {
     const long fold = t - k;                        // the segment this node folds in tick t
     const long back = t - (2L * last_node - k);     // the result that reaches it in tick t
     transfers.clear();
-    if (k > 0 && valid(fold)) transfers.push_back({k - 1, 0, at(partial_in, fold), length(fold)});
-    if (k < last_node && valid(fold - 1)) transfers.push_back({k + 1, 1, at(partial_out, fold - 1), length(fold - 1)});
-    if (k < last_node && valid(back)) transfers.push_back({k + 1, 0, at(result, back), length(back)});
-    if (k > 0 && valid(back - 1)) transfers.push_back({k - 1, 1, at(result, back - 1), length(back - 1)});
+    constexpr int kRecv = NODAL_INTERNODE_RECV, kSend = NODAL_INTERNODE_SEND;
+    if (k > 0 && valid(fold)) transfers.push_back({k - 1, kRecv, at(partial_in, fold), length(fold)});
+    if (k < last_node && valid(fold - 1)) {
+      transfers.push_back({k + 1, kSend, at(partial_out, fold - 1), length(fold - 1)});
+    }
+    if (k < last_node && valid(back)) transfers.push_back({k + 1, kRecv, at(result, back), length(back)});
+    if (k > 0 && valid(back - 1)) transfers.push_back({k - 1, kSend, at(result, back - 1), length(back - 1)});
     if (!transfers.empty()) {
       engine_->exchange_start(transfers);
       wait_collective(true);

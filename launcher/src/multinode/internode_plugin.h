@@ -17,15 +17,22 @@
 extern "C" {
 #endif
 
-#define NODAL_INTERNODE_ABI 3
+#define NODAL_INTERNODE_ABI 4
 
 typedef struct nodal_internode nodal_internode; /* the engine's handle */
 
-/* One transfer of an exchange_start: send `bytes` at `data` to agent `peer`, or receive exactly
- * `bytes` into `data` from it. */
+/* What one transfer of an exchange_start does (its `kind`). */
+enum {
+  NODAL_INTERNODE_RECV = 0,       /* receive exactly `bytes` into `data` from agent `peer` */
+  NODAL_INTERNODE_SEND = 1,       /* send `bytes` at `data` to agent `peer` */
+  NODAL_INTERNODE_RECV_UP_TO = 2  /* receive a message of at most `bytes` (a longer one is an error); its
+                                     own contents say how long it was (the agents' step blocks) */
+};
+
+/* One transfer of an exchange_start. */
 typedef struct nodal_internode_transfer {
   int peer;
-  int send; /* 1: send; 0: receive */
+  int kind; /* NODAL_INTERNODE_RECV, _SEND or _RECV_UP_TO */
   void* data;
   uint64_t bytes;
 } nodal_internode_transfer;

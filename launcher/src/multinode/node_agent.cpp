@@ -41,15 +41,23 @@ struct NodeRecord {
 // Notices between agents: one letter, then words (text, so that a report can quote them).
 constexpr char kHeartbeat = 'H';
 constexpr char kFailure = 'F';  // "F<code> <text>"
-/// Room for data in every step's first allgather (with the descriptions): a small step's whole
-/// exchange is that one allgather of nnodes x (56 + kSmallNodeBytes) bytes.
-constexpr std::size_t kSmallNodeBytes = 1 << 10;
 /// Up to this many nodes, a step's allgathers (its descriptions, then a gathered step's data) and a
 /// rooted step's broadcast are every pair's sends and receives at once (exchange_start): one
 /// round, without the MPI library's non-blocking collectives' schedules (libnbc), which cost
 /// 2 namespace nodes here 30-50 us per small step against 30-35 us. Beyond, the library's own
 /// (its rounds grow as log(nodes), and it does not send one node's data to every other itself).
 constexpr int kDirectAllgatherNodes = 8;
+/// Room for a node's data in a step's first round, with the descriptions: a step whose data fits
+/// (a small step) takes that one round between the agents; a larger one takes a second, for the
+/// data. Up to kDirectAllgatherNodes nodes, each node sends its description and its data as one
+/// message of the length they need, and receives up to this much from each (RECV_UP_TO). With
+/// 1 KiB of fixed room, a 2 x 2 allreduce of 1-16 KiB per rank took 68-126 us on 2 namespace
+/// nodes; with 64 KiB, 44-67 us (2 x 1, 2-8 KiB: 49-52 us -> 33-41 us; 64 KiB per node gained
+/// nothing: 109 -> 108 us). bench/results/2026-11-28-multinode-one-round.md.
+constexpr std::size_t kOneRoundNodeBytes = 64 << 10;
+/// Beyond, the round is the MPI library's allgather of fixed blocks, which every step, however
+/// small, sends whole: 56 + this many bytes from each node.
+constexpr std::size_t kLibraryRoundNodeBytes = 1 << 10;
 /// How long a failing agent waits between its report and ending the job through the launcher.
 constexpr auto kOutputGrace = std::chrono::milliseconds(250);
 /// How long the agent looks for the ranks' next call, yielding, before it sleeps on the bridge.
@@ -253,11 +261,13 @@ void NodeAgent::exchange(const Options& options) {
   master_addr_ = all[0].master_addr[0] ? std::string(all[0].master_addr) : nodes_[0].host;
   master_port_ = all[0].master_port;
   buffer_bytes_ = static_cast<std::size_t>(all[0].buffer_bytes);
-  // The first allgather of every step has the same size on every node: a description and room
-  // for kSmallNodeBytes of data (the largest node's ranks' parts of a small step).
+  // Every step's first round has room for the same bytes on every node: a description and the
+  // largest node's ranks' parts of a small step.
   int largest = 1;
   for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
-  small_step_bytes_ = kSmallNodeBytes / static_cast<std::size_t>(largest);
+  const std::size_t room = nnodes() <= kDirectAllgatherNodes ? kOneRoundNodeBytes : kLibraryRoundNodeBytes;
+  small_step_bytes_ = room / static_cast<std::size_t>(largest);
+  block_bytes_ = sizeof(detail::BridgeStep) + room;
   fold_min_bytes_ = all[0].fold_min_bytes;
 }
 
@@ -310,7 +320,6 @@ void NodeAgent::serve_steps() {
     }
     return true;
   };
-  block_bytes_ = sizeof(detail::BridgeStep) + kSmallNodeBytes;
   block_.assign(block_bytes_, std::byte{0});
   blocks_.assign(block_bytes_ * nodes_.size(), std::byte{0});
   std::vector<int> bounds;
@@ -400,11 +409,13 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   };
   const bool small = step.bytes <= small_step_bytes_;
   std::memcpy(block_.data(), &step, sizeof step);
+  std::size_t block_length = sizeof step;
   if (small && local_mismatch.empty()) {
     const auto [offset, length] = contribution(me, node_rank_);
     if (length > 0) std::memcpy(block_.data() + sizeof step, buffer + offset, length);
+    block_length += length;
   }
-  allgather_blocks();
+  allgather_blocks(block_length);
   wait_collective(true);
   if (stopping()) return false;
   std::vector<detail::BridgeStep> steps(nodes_.size());
@@ -459,22 +470,24 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   return true;
 }
 
-void NodeAgent::allgather_blocks() {
-  std::memcpy(blocks_.data() + static_cast<std::size_t>(node_rank_) * block_bytes_, block_.data(), block_bytes_);
+void NodeAgent::allgather_blocks(std::size_t length) {
+  std::memcpy(blocks_.data() + static_cast<std::size_t>(node_rank_) * block_bytes_, block_.data(), length);
   if (nnodes() > kDirectAllgatherNodes) return engine_->allgather_start(block_.data(), blocks_.data(), block_bytes_);
-  exchange_with_every_node(block_.data(), block_bytes_, [&](int k) {
-    return std::pair{blocks_.data() + static_cast<std::size_t>(k) * block_bytes_, block_bytes_};
-  });
+  exchange_with_every_node(
+      block_.data(), length,
+      [&](int k) { return std::pair{blocks_.data() + static_cast<std::size_t>(k) * block_bytes_, block_bytes_}; },
+      NODAL_INTERNODE_RECV_UP_TO);
 }
 
 void NodeAgent::exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
-                                         const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs) {
+                                         const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs,
+                                         int receive) {
   transfers_.clear();
   for (int k = 0; k < nnodes(); ++k) {
     if (k == node_rank_) continue;
     const auto [at, bytes] = theirs(k);
-    if (bytes > 0) transfers_.push_back({k, 0, at, bytes});
-    if (my_bytes > 0) transfers_.push_back({k, 1, mine, my_bytes});
+    if (bytes > 0) transfers_.push_back({k, receive, at, bytes});
+    if (my_bytes > 0) transfers_.push_back({k, NODAL_INTERNODE_SEND, mine, my_bytes});
   }
   engine_->exchange_start(transfers_);
 }

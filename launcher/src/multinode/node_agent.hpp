@@ -102,13 +102,16 @@ class NodeAgent {
   /// Moves a reduction step in the folded shape (node_bridge.hpp; folded_step.cpp): `buffer` is the
   /// step's, each contributor's part at global rank x step.bytes. False when the job is ending.
   bool fold_step(const detail::BridgeStep& step, std::byte* buffer);
-  /// Starts the allgather of every node's block_ into blocks_ (a step's descriptions and small data).
-  void allgather_blocks();
+  /// Starts the allgather of every node's block_, its first `length` bytes (a step's description
+  /// and a small step's data), into blocks_, node k's at k x block_bytes_.
+  void allgather_blocks(std::size_t length);
   /// Starts, as the collective in flight, sending `my_bytes` at `mine` to every other node and
-  /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0): one round
-  /// of direct sends and receives (kDirectAllgatherNodes in node_agent.cpp).
+  /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0), exactly
+  /// those bytes or up to them (`receive`: NODAL_INTERNODE_RECV or _RECV_UP_TO): one round of
+  /// direct sends and receives (kDirectAllgatherNodes in node_agent.cpp).
   void exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
-                                const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs);
+                                const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs,
+                                int receive = NODAL_INTERNODE_RECV);
   /// Sends what is queued, receives notices, sends heartbeats, checks the other nodes' silence.
   void poll();
   /// Until the engine's collective completes, polling meanwhile; gives up when another node
@@ -158,9 +161,9 @@ class NodeAgent {
   // The agent thread's own.
   detail::NodeBridge* bridge_ = nullptr;
   /// A step whose data is at most this many bytes per rank rides with the step descriptions in
-  /// one allgather of fixed blocks (see serve_step); the same on every node.
+  /// one round (see serve_step); the same on every node.
   std::size_t small_step_bytes_ = 0;
-  std::size_t block_bytes_ = 0;     ///< one node's block in that allgather
+  std::size_t block_bytes_ = 0;     ///< room for one node's block in that round
   std::vector<std::byte> block_;    ///< this node's block
   std::vector<std::byte> blocks_;   ///< every node's
   std::vector<nodal_internode_transfer> transfers_;  ///< exchange_with_every_node's in flight

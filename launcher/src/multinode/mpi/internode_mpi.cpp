@@ -20,7 +20,7 @@ struct nodal_internode {
   MPI_Comm notices = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   std::vector<MPI_Request> in_flight;  // the collective in flight (an exchange: one request per transfer)
-  std::vector<int> in_flight_expected;  // per request: a receive's exact bytes, -1 otherwise
+  std::vector<int> in_flight_expected;  // per request: an exact receive's bytes, -1 otherwise
   std::vector<MPI_Status> statuses;
   int rank = 0;
   int size = 1;
@@ -152,12 +152,13 @@ int exchange_start(nodal_internode* self, const nodal_internode_transfer* transf
   for (uint32_t i = 0; i < count; ++i) {
     const nodal_internode_transfer& t = transfers[i];
     MPI_Request* request = &self->in_flight[i];
-    if (t.send) {
+    if (t.kind == NODAL_INTERNODE_SEND) {
       NODAL_MPI(MPI_Isend(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
-      sizes[i] = -1;
     } else {
+      // A longer message than `bytes` fails in MPI itself (MPI_ERR_TRUNCATE, reported by test).
       NODAL_MPI(MPI_Irecv(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
     }
+    if (t.kind != NODAL_INTERNODE_RECV) sizes[i] = -1;
   }
   return 0;
 }
