@@ -1,11 +1,14 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
 // it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch |
-// local_groups | loop.
+// denormals | local_groups | loop.
 #include <nodal/communicator.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
 
 #include <sched.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 #include <signal.h>
 
 #include <atomic>
@@ -150,6 +153,40 @@ int p2p_threads_mode(const nodal::Context& ctx) {
   return failures == 0 ? 0 : 1;
 }
 
+/// A folded allreduce (200000 f32 = 800 KB per rank: the agents fold it along the nodes) of the
+/// denormal 1e-39 from every rank, twice: with denormals flushed (FTZ and DAZ, what
+/// torch.set_flush_denormal(True) sets) the inputs count as zero and the sum is 0, as one node
+/// gives; in the default mode, world_size x 1e-39 (exact: denormals are fixed point).
+int denormals_mode(const nodal::Context& ctx) {
+#if defined(__x86_64__) || defined(__i386__)
+  nodal::Communicator world = ctx.world();
+  const float tiny = 1e-39f;
+  const unsigned saved = _mm_getcsr();
+  int failures = 0;
+  for (bool flush : {true, false}) {
+    _mm_setcsr(flush ? saved | 0x8040 : saved & ~0x8040u);
+    std::vector<float> x(200000, tiny);
+    world.allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum);
+    _mm_setcsr(saved & ~0x8040u);  // DAZ would also compare a denormal equal to 0: compare bits
+    float want = 0.0f;
+    for (int j = 0; j < ctx.world_size() && !flush; ++j) want += tiny;
+    const std::string algorithm = world.last_algorithm();
+    if (std::memcmp(&x.front(), &want, sizeof want) != 0 || std::memcmp(&x.back(), &want, sizeof want) != 0 ||
+        algorithm != "folded_across_nodes") {
+      ++failures;
+      std::printf("rank %d: flush %d gave %g by %s, expected %g folded\n", ctx.rank(), flush ? 1 : 0,
+                  static_cast<double>(x.front()), algorithm.c_str(), static_cast<double>(want));
+    }
+  }
+  _mm_setcsr(saved);
+  if (failures == 0) std::printf("rank %d: denormals ok\n", ctx.rank());
+  return failures == 0 ? 0 : 1;
+#else
+  std::printf("rank %d: denormal modes are only carried on x86\n", ctx.rank());
+  return 1;
+#endif
+}
+
 /// Every rank must get the same UsageError, three times, and the world works on after each, small
 /// and large: rank 0 allreduces half as many elements as the others, first a small call (4 vs 9
 /// elements, one step), then a large one (150000 vs 300000: with a 1 MiB node buffer, 3 steps vs 5,
@@ -266,6 +303,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "p2p_threads") return p2p_threads_mode(ctx);
   if (mode == "mismatch") return mismatch_mode(ctx);
+  if (mode == "denormals") return denormals_mode(ctx);
   if (mode == "local_groups") return local_groups_mode(ctx);
   if (mode == "loop") return loop_mode(ctx);
   std::fprintf(stderr, "multinode_program: unknown mode '%s'\n", mode.c_str());

@@ -443,7 +443,7 @@ bool NodeAgent::serve_step(std::uint64_t s) {
       }
     }
   } else if (shape == detail::StepShape::folded) {
-    if (!fold_step(step, buffer)) return false;
+    if (!fold_step(step, buffer, ranks[0].denormals[s % 2])) return false;
   } else if (nnodes() <= kDirectAllgatherNodes) {
     const auto [mine, my_length] = contribution(me, node_rank_);
     exchange_with_every_node(buffer + mine, my_length, [&](int k) {

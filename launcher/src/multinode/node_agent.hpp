@@ -100,8 +100,9 @@ class NodeAgent {
   void serve_steps();
   bool serve_step(std::uint64_t step);
   /// Moves a reduction step in the folded shape (node_bridge.hpp; folded_step.cpp): `buffer` is the
-  /// step's, each contributor's part at global rank x step.bytes. False when the job is ending.
-  bool fold_step(const detail::BridgeStep& step, std::byte* buffer);
+  /// step's, each contributor's part at global rank x step.bytes; `denormals` the mode to fold in
+  /// (BridgeRank::denormals). False when the job is ending.
+  bool fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t denormals);
   /// Starts the allgather of every node's block_, its first `length` bytes (a step's description
   /// and a small step's data), into blocks_, node k's at k x block_bytes_.
   void allgather_blocks(std::size_t length);

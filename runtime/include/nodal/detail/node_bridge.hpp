@@ -103,10 +103,15 @@ struct alignas(64) BridgeRank {
   std::atomic<std::uint64_t> posted{0};  ///< the last step whose contribution this rank wrote
   BridgeStep steps[2];                   ///< what it posted: step s at s % 2 (written before `posted`)
   std::atomic<std::uint64_t> resynced{0};  ///< the last failed step this rank has seen (see above)
+  /// The posting thread's denormal_mode() (nodal/detail/denormal_mode.hpp) for step s at s % 2,
+  /// written before `posted`: a folded step is folded in its node's first rank's mode, as that
+  /// rank would fold it on one node. Not part of the step's description: ranks whose modes differ
+  /// get what one node gives them, results folded partly in each mode.
+  std::uint32_t denormals[2] = {};
 };
 
 struct NodeBridge {
-  static constexpr std::uint64_t kMagic = 0x6567646972622d70ULL;  // changed with the layout
+  static constexpr std::uint64_t kMagic = 0x6567646972622d71ULL;  // changed with the layout
   std::uint64_t magic = kMagic;
   std::int32_t node_rank = 0;
   std::int32_t nnodes = 1;
