@@ -56,7 +56,9 @@ void check_buffer(const void* p, std::size_t elements, const char* what, const c
 
 /// count * world_size must not overflow, nor count * element size.
 void check_count(std::size_t count, DType dtype, int world_size, const char* what) {
-  if (count > SIZE_MAX / element_size(dtype) / static_cast<std::size_t>(world_size)) {
+  std::size_t total = 0;  // multiplications, not divisions: this runs on every call
+  if (__builtin_mul_overflow(count, element_size(dtype), &total) ||
+      __builtin_mul_overflow(total, static_cast<std::size_t>(world_size), &total)) {
     throw UsageError(fmt::format("{}: count {} is too large", what, count));
   }
 }

@@ -1380,6 +1380,10 @@ int mismatch(const nodal::Context& ctx) {
   cases.expect_usage_error_by_next_call("scatter root", [&] { world.scatter(in, out, 4, DType::f32, odd_one ? 1 : 0); });
   cases.expect_usage_error_by_next_call("scatter count", [&] { world.scatter(in, out, odd_one ? 5 : 4, DType::f32, 0); });
   cases.expect_usage_error("alltoall count", [&] { world.alltoall(in, out, odd_one ? 2 : 1, DType::f32); });
+  // Counts whose bytes overflow size_t: count x element size, then x world_size (checked on each
+  // rank before any data moves).
+  cases.expect_usage_error("allreduce count too large", [&] { world.allreduce(in, out, SIZE_MAX / 2, DType::f32); });
+  cases.expect_usage_error("allgather count too large", [&] { world.allgather(in, out, SIZE_MAX / 5, DType::f32); });
   {
     // Shared tensors (the in_place algorithm), numel differing.
     Tensor shared = Tensor::empty_shared({static_cast<std::int64_t>(odd_one ? big + 1 : big)}, DType::f32);

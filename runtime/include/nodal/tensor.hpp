@@ -19,8 +19,22 @@ namespace nodal {
 /// in f32.
 enum class DType : std::uint8_t { bool_, u8, i8, i32, i64, f16, bf16, f32, f64 };
 
-/// Bytes per element: 1 for bool_, u8, i8; 2 for f16, bf16; 4 for i32, f32; 8 for i64, f64.
-std::size_t element_size(DType dtype) noexcept;
+/// Bytes per element: 1 for bool_, u8, i8; 2 for f16, bf16; 4 for i32, f32; 8 for i64, f64; 0 for
+/// a value outside the enum. Inline: every collective call asks it several times.
+constexpr std::size_t element_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::bool_:
+    case DType::u8:
+    case DType::i8: return 1;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::i32:
+    case DType::f32: return 4;
+    case DType::i64:
+    case DType::f64: return 8;
+  }
+  return 0;
+}
 /// "f32", "bf16", ...
 std::string_view dtype_name(DType dtype) noexcept;
 
