@@ -250,16 +250,18 @@ TEST(MultiNode, MismatchedCallsAreAUsageErrorOnEveryRank) {
   EXPECT_EQ(nodal::testing::count_lines(r.out, "3 mismatches, usable after each"), 4) << r.out;
 }
 
-TEST(MultiNode, FoldedStepsAreFoldedInTheRanksDenormalMode) {
-  // Ranks that flush denormals (torch.set_flush_denormal) get the one-node sum of denormals from
-  // a folded allreduce (0), and ranks that do not get theirs (4 x 1e-39): the agents fold in the
-  // mode the ranks posted (nodal/detail/denormal_mode.hpp).
+TEST(MultiNode, FoldedStepsAreFoldedInTheRanksFloatingPointMode) {
+  // Ranks that flush denormals (torch.set_flush_denormal), or only flush results (FTZ), or only
+  // zero denormal inputs (DAZ), or round upwards get the one-node bits of a folded allreduce, and
+  // ranks in the default mode theirs: the agents fold in the mode the ranks posted
+  // (nodal/detail/float_mode.hpp). Values chosen so that each mode changes the result, on node 0's
+  // fold (A, B) or anywhere (C).
 #if !defined(__x86_64__) && !defined(__i386__)
-  GTEST_SKIP() << "denormal modes are carried on x86 only";
+  GTEST_SKIP() << "floating-point modes are carried on x86 only";
 #endif
-  ChildResult r = run_job(loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "denormals"}));
+  ChildResult r = run_job(loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "float_mode"}));
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_EQ(nodal::testing::count_lines(r.out, "denormals ok"), 4) << r.out;
+  EXPECT_EQ(nodal::testing::count_lines(r.out, "float modes ok"), 4) << r.out;
 }
 
 TEST(MultiNode, VectorCollectivesAcrossNodesMatchTheirReferenceAndCheckCounts) {

@@ -1,14 +1,12 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
 // it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch |
-// denormals | local_groups | loop.
+// float_mode | local_groups | loop.
 #include <nodal/communicator.hpp>
+#include <nodal/detail/float_mode.hpp>
 #include <nodal/errors.hpp>
 #include <nodal/nodal.hpp>
 
 #include <sched.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
 #include <signal.h>
 
 #include <atomic>
@@ -153,36 +151,67 @@ int p2p_threads_mode(const nodal::Context& ctx) {
   return failures == 0 ? 0 : 1;
 }
 
-/// A folded allreduce (200000 f32 = 800 KB per rank: the agents fold it along the nodes) of the
-/// denormal 1e-39 from every rank, twice: with denormals flushed (FTZ and DAZ, what
-/// torch.set_flush_denormal(True) sets) the inputs count as zero and the sum is 0, as one node
-/// gives; in the default mode, world_size x 1e-39 (exact: denormals are fixed point).
-int denormals_mode(const nodal::Context& ctx) {
+/// Folded allreduces (200000 f32 = 800 KB per rank: the agents fold them along the nodes) in five
+/// floating-point modes of the ranks: default; flushing denormals (FTZ and DAZ, what
+/// torch.set_flush_denormal(True) sets); FTZ only; DAZ only; rounding upwards. Each of three sets
+/// of values, rank j contributing values[j] (0 beyond 4 ranks), must give the bits of the rank-order
+/// fold in that mode, as one node gives: A, whose first partial (ranks 0 and 1, node 0's) is
+/// denormal; B, a denormal input on node 0; C, sums that round. Each set differs from the default
+/// mode's result in the mode it is for, so a node folding in its own mode fails.
+int float_mode_mode(const nodal::Context& ctx) {
 #if defined(__x86_64__) || defined(__i386__)
+  using nodal::detail::FloatModeScope;
   nodal::Communicator world = ctx.world();
-  const float tiny = 1e-39f;
-  const unsigned saved = _mm_getcsr();
+  constexpr std::uint32_t kFtz = 0x8000, kDaz = 0x0040, kUp = 0x4000;
+  struct Mode {
+    const char* name;
+    std::uint32_t bits;
+  };
+  const Mode modes[] = {{"default", 0}, {"ftz+daz", kFtz | kDaz}, {"ftz", kFtz}, {"daz", kDaz}, {"upward", kUp}};
+  struct Values {
+    const char* name;
+    float v[4];
+    std::uint32_t differs_in;  // the mode whose result must differ from the default's
+  };
+  const Values sets[] = {{"A", {1.5e-38f, -1.4e-38f, 1.4e-38f, 0.0f}, kFtz},
+                         {"B", {1e-39f, 1.4e-38f, 0.0f, 0.0f}, kDaz},
+                         {"C", {1.0f, 1e-8f, 1e-8f, 0.0f}, kUp}};
+  auto value = [](const Values& set, int rank) { return rank < 4 ? set.v[rank] : 0.0f; };
+  // The rank-order fold of every rank's value in `bits`, as the reduce kernels fold (volatile: at
+  // run time, in that mode).
+  auto reference = [&](const Values& set, std::uint32_t bits) {
+    const FloatModeScope scope(bits);
+    volatile float acc = value(set, 0);
+    for (int j = 1; j < ctx.world_size(); ++j) acc = acc + value(set, j);
+    return static_cast<float>(acc);
+  };
+  auto same_bits = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
   int failures = 0;
-  for (bool flush : {true, false}) {
-    _mm_setcsr(flush ? saved | 0x8040 : saved & ~0x8040u);
-    std::vector<float> x(200000, tiny);
-    world.allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum);
-    _mm_setcsr(saved & ~0x8040u);  // DAZ would also compare a denormal equal to 0: compare bits
-    float want = 0.0f;
-    for (int j = 0; j < ctx.world_size() && !flush; ++j) want += tiny;
-    const std::string algorithm = world.last_algorithm();
-    if (std::memcmp(&x.front(), &want, sizeof want) != 0 || std::memcmp(&x.back(), &want, sizeof want) != 0 ||
-        algorithm != "folded_across_nodes") {
+  for (const Values& set : sets) {
+    if (same_bits(reference(set, set.differs_in), reference(set, 0))) {
       ++failures;
-      std::printf("rank %d: flush %d gave %g by %s, expected %g folded\n", ctx.rank(), flush ? 1 : 0,
-                  static_cast<double>(x.front()), algorithm.c_str(), static_cast<double>(want));
+      std::printf("rank %d: values %s do not tell mode %#x from the default\n", ctx.rank(), set.name, set.differs_in);
+    }
+    for (const Mode& mode : modes) {
+      std::vector<float> x(200000, value(set, ctx.rank()));
+      std::string algorithm;
+      {
+        const FloatModeScope scope(mode.bits);
+        world.allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum);
+        algorithm = world.last_algorithm();
+      }
+      const float want = reference(set, mode.bits);
+      if (!same_bits(x.front(), want) || !same_bits(x.back(), want) || algorithm != "folded_across_nodes") {
+        ++failures;
+        std::printf("rank %d: values %s, mode %s: %a by %s, expected %a folded\n", ctx.rank(), set.name, mode.name,
+                    static_cast<double>(x.front()), algorithm.c_str(), static_cast<double>(want));
+      }
     }
   }
-  _mm_setcsr(saved);
-  if (failures == 0) std::printf("rank %d: denormals ok\n", ctx.rank());
+  if (failures == 0) std::printf("rank %d: float modes ok\n", ctx.rank());
   return failures == 0 ? 0 : 1;
 #else
-  std::printf("rank %d: denormal modes are only carried on x86\n", ctx.rank());
+  std::printf("rank %d: floating-point modes are only carried on x86\n", ctx.rank());
   return 1;
 #endif
 }
@@ -303,7 +332,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "p2p_threads") return p2p_threads_mode(ctx);
   if (mode == "mismatch") return mismatch_mode(ctx);
-  if (mode == "denormals") return denormals_mode(ctx);
+  if (mode == "float_mode") return float_mode_mode(ctx);
   if (mode == "local_groups") return local_groups_mode(ctx);
   if (mode == "loop") return loop_mode(ctx);
   std::fprintf(stderr, "multinode_program: unknown mode '%s'\n", mode.c_str());

@@ -11,7 +11,7 @@
 #include "shm/algorithm_table.hpp"
 #include "shm/vector_collectives.hpp"
 
-#include <nodal/detail/denormal_mode.hpp>
+#include <nodal/detail/float_mode.hpp>
 #include <nodal/detail/node_bridge.hpp>
 #include <nodal/detail/wait_record.hpp>
 #include <nodal/errors.hpp>
@@ -270,7 +270,7 @@ void exchange(CommState& comm, const CollCall& call, CollKind wire) {
     folded_any = folded_any || folded;
     mine.steps[s % 2] = describe_step(call, wire, number, step_bytes);
     if (folded) mine.steps[s % 2].shape = static_cast<std::uint8_t>(StepShape::folded);
-    mine.denormals[s % 2] = denormal_mode();
+    mine.float_mode[s % 2] = float_mode();
     mine.posted.store(s, std::memory_order_release);
     notify(b.word);
     if (previous) take(s - 1, previous->e0, previous->e, previous->folded);

@@ -74,8 +74,8 @@ void take_result(const CollCall& call, int n, int g, const std::byte* buf, std::
 /// modulo 2^bits either way: reduce_kernels.hpp). Not for f16 and bf16 (accumulated in f32 and
 /// rounded once) nor avg (divided by world_size at the end). Only allreduce, reduce and
 /// reduce_scatter (the v-variant runs as reduce_scatter). The agents fold in the ranks'
-/// denormal mode (flush to zero or not: nodal/detail/denormal_mode.hpp), which each rank posts
-/// with its step.
+/// floating-point mode (flushing denormals or not, the rounding direction:
+/// nodal/detail/float_mode.hpp), which each rank posts with its step.
 bool folds_exactly(CollKind kind, DType dtype, ReduceOp op);
 
 /// What the steps of `call` on a communicator across nodes carry: the call's description.

@@ -10,7 +10,7 @@
 // busy at once. (Within a node a tick's fold follows its transfers: overlapping them is not done.)
 #include "multinode/node_agent.hpp"
 
-#include <nodal/detail/denormal_mode.hpp>
+#include <nodal/detail/float_mode.hpp>
 #include <nodal/detail/node_bridge.hpp>
 
 #include "reduce_kernels.hpp"
@@ -28,7 +28,7 @@ constexpr std::size_t kSegmentBytes = 256 << 10;
 
 }  // namespace
 
-bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t denormals) {
+bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t float_mode) {
   const auto dtype = static_cast<DType>(step.dtype);
   const auto op = static_cast<ReduceOp>(step.op & ~detail::BridgeStep::kOnGpu);
   const std::size_t es = element_size(dtype);
@@ -72,7 +72,7 @@ bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer, std
       if (stopping()) return false;
     }
     if (valid(fold)) {
-      const detail::DenormalModeScope mode(denormals);  // the ranks' arithmetic, not nodalrun's
+      const detail::FloatModeScope mode(float_mode);  // the ranks' arithmetic, not nodalrun's
       srcs.clear();
       for (int j = from; j < end; ++j) srcs.push_back(at(j, fold));
       detail::reduce_n(dtype, op, at(partial_out, fold), srcs.data(), static_cast<int>(srcs.size()), length(fold) / es);

@@ -50,10 +50,10 @@ constexpr int kDirectAllgatherNodes = 8;
 /// Room for a node's data in a step's first round, with the descriptions: a step whose data fits
 /// (a small step) takes that one round between the agents; a larger one takes a second, for the
 /// data. Up to kDirectAllgatherNodes nodes, each node sends its description and its data as one
-/// message of the length they need, and receives up to this much from each (RECV_UP_TO). With
-/// 1 KiB of fixed room, a 2 x 2 allreduce of 1-16 KiB per rank took 68-126 us on 2 namespace
-/// nodes; with 64 KiB, 44-67 us (2 x 1, 2-8 KiB: 49-52 us -> 33-41 us; 64 KiB per node gained
-/// nothing: 109 -> 108 us). bench/results/2026-11-28-multinode-one-round.md.
+/// message of the length they need, and receives up to this much from each (RECV_UP_TO). Against
+/// 1 KiB of room, on 2 namespace nodes (bench/results/2026-11-28-multinode-one-round.md): a
+/// 2 x 1 allreduce of 2-64 KiB per rank 1.2-1.7x faster, 2 x 2 at 1-16 KiB 1.1-1.5x; 2 x 2 at
+/// 32 KiB (a full block, above Open MPI's TCP eager limit) 0.87x in that run, inside its noise.
 constexpr std::size_t kOneRoundNodeBytes = 64 << 10;
 /// Beyond, the round is the MPI library's allgather of fixed blocks, which every step, however
 /// small, sends whole: 56 + this many bytes from each node.
@@ -443,7 +443,7 @@ bool NodeAgent::serve_step(std::uint64_t s) {
       }
     }
   } else if (shape == detail::StepShape::folded) {
-    if (!fold_step(step, buffer, ranks[0].denormals[s % 2])) return false;
+    if (!fold_step(step, buffer, ranks[0].float_mode[s % 2])) return false;
   } else if (nnodes() <= kDirectAllgatherNodes) {
     const auto [mine, my_length] = contribution(me, node_rank_);
     exchange_with_every_node(buffer + mine, my_length, [&](int k) {

@@ -100,11 +100,12 @@ class NodeAgent {
   void serve_steps();
   bool serve_step(std::uint64_t step);
   /// Moves a reduction step in the folded shape (node_bridge.hpp; folded_step.cpp): `buffer` is the
-  /// step's, each contributor's part at global rank x step.bytes; `denormals` the mode to fold in
-  /// (BridgeRank::denormals). False when the job is ending.
-  bool fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t denormals);
+  /// step's, each contributor's part at global rank x step.bytes; `float_mode` the mode to fold in
+  /// (BridgeRank::float_mode). False when the job is ending.
+  bool fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t float_mode);
   /// Starts the allgather of every node's block_, its first `length` bytes (a step's description
-  /// and a small step's data), into blocks_, node k's at k x block_bytes_.
+  /// and a small step's data), into blocks_, node k's at k x block_bytes_ (beyond
+  /// kDirectAllgatherNodes, the MPI library's allgather of whole blocks).
   void allgather_blocks(std::size_t length);
   /// Starts, as the collective in flight, sending `my_bytes` at `mine` to every other node and
   /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0), exactly

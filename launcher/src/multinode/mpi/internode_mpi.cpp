@@ -142,10 +142,14 @@ int barrier_start(nodal_internode* self, char* error, size_t error_size) {
 
 int exchange_start(nodal_internode* self, const nodal_internode_transfer* transfers, uint32_t count, char* error,
                    size_t error_size) {
-  // Every size checked before any transfer starts; a receive's is kept for test().
+  // Every transfer checked before any starts; an exact receive's size is kept for test().
   std::vector<int>& sizes = self->in_flight_expected;
   sizes.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
+    const int kind = transfers[i].kind;
+    if (kind != NODAL_INTERNODE_SEND && kind != NODAL_INTERNODE_RECV && kind != NODAL_INTERNODE_RECV_UP_TO) {
+      return say(error, error_size, "an exchange transfer of unknown kind " + std::to_string(kind));
+    }
     if (to_int(transfers[i].bytes, &sizes[i], error, error_size)) return 1;
   }
   self->in_flight.assign(count, MPI_REQUEST_NULL);
@@ -175,7 +179,15 @@ void forget_sent_notices(nodal_internode* self) {
 int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   *done = 0;
   self->statuses.resize(self->in_flight.size());
-  NODAL_MPI(MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, self->statuses.data()));
+  const int code = MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, self->statuses.data());
+  if (code == MPI_ERR_IN_STATUS) {  // say which transfer failed and how (e.g. MPI_ERR_TRUNCATE)
+    for (const MPI_Status& status : self->statuses) {
+      if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
+        return mpi_error(error, error_size, "MPI_Testall (a transfer with another agent)", status.MPI_ERROR);
+      }
+    }
+  }
+  NODAL_MPI(code);
   forget_sent_notices(self);
   if (*done) {
     for (size_t i = 0; i < self->in_flight_expected.size(); ++i) {

@@ -8,7 +8,8 @@
 // bits those of the one-node path (shm/small.cpp and reduce_kernels.hpp fold in rank order):
 // - gathered: the agents allgather every contribution, so that once the step is done the buffer
 //   holds all of them on every node, and each rank reduces them in rank order. world_size x bytes
-//   cross between nodes; for steps of up to the agents' small size it is one allgather.
+//   cross between nodes; for steps of up to the agents' small size it is one round between the
+//   agents, with the steps' descriptions.
 // - folded (a reduction whose chained fold is exact: see folds_exactly in across_nodes.cpp, and
 //   of at least `fold_min_bytes`): the agents fold along the chain of nodes in node order. Node
 //   0's agent folds its ranks' contributions into its last rank's slot and sends that partial to
@@ -103,11 +104,11 @@ struct alignas(64) BridgeRank {
   std::atomic<std::uint64_t> posted{0};  ///< the last step whose contribution this rank wrote
   BridgeStep steps[2];                   ///< what it posted: step s at s % 2 (written before `posted`)
   std::atomic<std::uint64_t> resynced{0};  ///< the last failed step this rank has seen (see above)
-  /// The posting thread's denormal_mode() (nodal/detail/denormal_mode.hpp) for step s at s % 2,
+  /// The posting thread's float_mode() (nodal/detail/float_mode.hpp) for step s at s % 2,
   /// written before `posted`: a folded step is folded in its node's first rank's mode, as that
   /// rank would fold it on one node. Not part of the step's description: ranks whose modes differ
   /// get what one node gives them, results folded partly in each mode.
-  std::uint32_t denormals[2] = {};
+  std::uint32_t float_mode[2] = {};
 };
 
 struct NodeBridge {
@@ -123,7 +124,8 @@ struct NodeBridge {
   /// A reduction's step of this many bytes per rank or more is folded (StepShape::folded) where
   /// that is exact; the agent sets it before the ranks start: kNodeFoldMinBytes or its override,
   /// and always above the agents' small-step size (those steps ride with the descriptions in one
-  /// allgather). UINT64_MAX: never (NODAL_NODE_FOLD_MIN_BYTES=off).
+  /// round: up to 64 KiB per node, launcher/src/multinode/node_agent.cpp). UINT64_MAX: never
+  /// (NODAL_NODE_FOLD_MIN_BYTES=off).
   std::uint64_t fold_min_bytes = 0;
   /// The last step the agent finished. Ranks wait for it; `word` wakes them.
   alignas(64) std::atomic<std::uint64_t> done{0};
