@@ -119,13 +119,15 @@ TEST(MultiNode, UnderSlurmEveryRankIsATaskOfItsOwnWithEitherStartMethod) {
   }
 }
 
-TEST(MultiNode, NodesThatDisagreeOnTheStepBufferOrFoldSizeAreAUsageError) {
+TEST(MultiNode, NodesThatDisagreeOnHowTheAgentsMoveStepsAreAUsageError) {
   // MPMD: node 0 and node 1 each get their own value of `variable`.
   for (auto [variable, value0, value1, message] :
        {std::tuple{"NODAL_NODE_BUFFER_BYTES", "1M", "2M",
                    "NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has 1048576, node 1 2097152"},
         std::tuple{"NODAL_NODE_FOLD_MIN_BYTES", "64K", "off",
-                   "NODAL_NODE_FOLD_MIN_BYTES differs between nodes: node 0 has 65536, node 1 off"}}) {
+                   "NODAL_NODE_FOLD_MIN_BYTES differs between nodes: node 0 has 65536, node 1 off"},
+        std::tuple{"NODAL_NODE_DIRECT_MAX_NODES", "8", "1",
+                   "NODAL_NODE_DIRECT_MAX_NODES differs between nodes: node 0 has 8, node 1 1"}}) {
     SCOPED_TRACE(variable);
     auto node = [&](const char* value) {
       return std::vector<std::string>{"-n", "1", "-x", std::string(variable) + "=" + value,
@@ -148,13 +150,18 @@ TEST(MultiNode, CollectivesAcrossNodesGiveTheOneNodeBits) {
   // steps of the node buffer; the digest of all results must equal a one-node job's. The large
   // reductions take the folded shape (node_bridge.hpp): on 3 nodes through a middle node, with a
   // 2 MiB buffer in steps of 2 and 1 segments of folded_step.cpp (100000 f64: 699 KB + 101 KB per
-  // rank); with NODAL_NODE_FOLD_MIN_BYTES=off the gathered one, to the same bits.
+  // rank); with NODAL_NODE_FOLD_MIN_BYTES=off the gathered one, to the same bits. On 3 nodes with
+  // NODAL_NODE_DIRECT_MAX_NODES=2, the agents' rounds are the MPI library's collectives (as beyond 8
+  // nodes by default): fixed blocks of 1 KiB of data with the descriptions, allgatherv, broadcast.
   const std::vector<std::string> matrix = {NODAL_TEST_COLL_PROGRAM, "matrix", "sizes=4,1024,100000"};
-  for (auto [nodes, ranks, fold, buffer] : {std::tuple{2, 2, true, "1M"}, std::tuple{3, 1, true, "2M"},
-                                            std::tuple{2, 2, false, "1M"}}) {
-    SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks, fold " + (fold ? "on" : "off"));
+  for (auto [nodes, ranks, fold, buffer, direct] :
+       {std::tuple{2, 2, true, "1M", "8"}, std::tuple{3, 1, true, "2M", "8"}, std::tuple{2, 2, false, "1M", "8"},
+        std::tuple{3, 1, false, "1M", "2"}}) {
+    SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks, fold " + (fold ? "on" : "off") +
+                 ", direct up to " + direct + " nodes");
     ChildResult across = run_job(loopback(nodes, ranks, matrix), {std::string("NODAL_NODE_BUFFER_BYTES=") + buffer,
-                                                                  fold ? "NODAL_NODE_FOLD_MIN_BYTES=0" : "NODAL_NODE_FOLD_MIN_BYTES=off"});
+                                                                  fold ? "NODAL_NODE_FOLD_MIN_BYTES=0" : "NODAL_NODE_FOLD_MIN_BYTES=off",
+                                                                  std::string("NODAL_NODE_DIRECT_MAX_NODES=") + direct});
     ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
     std::vector<std::string> one_node = {NODAL_TEST_NODALRUN, "-n", std::to_string(nodes * ranks)};
     one_node.insert(one_node.end(), matrix.begin(), matrix.end());

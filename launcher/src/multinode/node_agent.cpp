@@ -33,6 +33,7 @@ struct NodeRecord {
   std::int32_t master_port;  ///< node 0's is everyone's
   std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
   std::uint64_t fold_min_bytes;  ///< NODAL_NODE_FOLD_MIN_BYTES: the ranks shape steps by it, so likewise
+  std::int32_t direct_max_nodes;  ///< NODAL_NODE_DIRECT_MAX_NODES: how the agents exchange, so likewise
   char host[64];
   char machine[40];  ///< /proc/sys/kernel/random/boot_id (NodeInfo::machine)
   char master_addr[128];
@@ -46,10 +47,11 @@ constexpr char kFailure = 'F';  // "F<code> <text>"
 /// round, without the MPI library's non-blocking collectives' schedules (libnbc), which cost
 /// 2 namespace nodes here 30-50 us per small step against 30-35 us. Beyond, the library's own
 /// (its rounds grow as log(nodes), and it does not send one node's data to every other itself).
+/// NODAL_NODE_DIRECT_MAX_NODES overrides it (the tests run the library's path on 3 nodes so).
 constexpr int kDirectAllgatherNodes = 8;
 /// Room for a node's data in a step's first round, with the descriptions: a step whose data fits
 /// (a small step) takes that one round between the agents; a larger one takes a second, for the
-/// data. Up to kDirectAllgatherNodes nodes, each node sends its description and its data as one
+/// data. Up to direct_max_nodes_ nodes, each node sends its description and its data as one
 /// message of the length they need, and receives up to this much from each (RECV_UP_TO). Against
 /// 1 KiB of room, on 2 namespace nodes (bench/results/2026-11-28-multinode-one-round.md): a
 /// 2 x 1 allreduce of 2-64 KiB per rank 1.2-1.7x faster, 2 x 2 at 1-16 KiB 1.1-1.5x; 2 x 2 at
@@ -81,6 +83,18 @@ std::string machine_id() {
   std::string id;
   if (in >> id && !id.empty()) return id;
   return host_name();
+}
+
+/// A whole number >= 1 from the environment, or `fallback`.
+long env_count(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  if (!text) return fallback;
+  long value = 0;
+  auto [end, error] = std::from_chars(text, text + std::strlen(text), value);
+  if (error != std::errc() || *end != '\0' || value < 1 || value > 1 << 20) {
+    throw UsageError(fmt::format("{}={}: expected a whole number >= 1", name, text));
+  }
+  return value;
 }
 
 double env_seconds(const char* name, double fallback) {
@@ -230,6 +244,7 @@ void NodeAgent::exchange(const Options& options) {
   mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
   const char* buffer_text = std::getenv("NODAL_NODE_BUFFER_BYTES");
   mine.buffer_bytes = buffer_text ? detail::parse_bytes(buffer_text) : detail::kNodeBufferBytes;
+  mine.direct_max_nodes = static_cast<std::int32_t>(env_count("NODAL_NODE_DIRECT_MAX_NODES", kDirectAllgatherNodes));
   const char* fold_text = std::getenv("NODAL_NODE_FOLD_MIN_BYTES");
   mine.fold_min_bytes = !fold_text                        ? detail::kNodeFoldMinBytes
                         : std::string_view(fold_text) == "off" ? UINT64_MAX
@@ -251,6 +266,10 @@ void NodeAgent::exchange(const Options& options) {
       throw UsageError(fmt::format("NODAL_NODE_BUFFER_BYTES differs between nodes: node 0 has {}, node {} {}",
                                    all[0].buffer_bytes, node, r.buffer_bytes));
     }
+    if (r.direct_max_nodes != all[0].direct_max_nodes) {
+      throw UsageError(fmt::format("NODAL_NODE_DIRECT_MAX_NODES differs between nodes: node 0 has {}, node {} {}",
+                                   all[0].direct_max_nodes, node, r.direct_max_nodes));
+    }
     if (r.fold_min_bytes != all[0].fold_min_bytes) {
       auto text = [](std::uint64_t v) { return v == UINT64_MAX ? std::string("off") : std::to_string(v); };
       throw UsageError(fmt::format("NODAL_NODE_FOLD_MIN_BYTES differs between nodes: node 0 has {}, node {} {}",
@@ -265,7 +284,8 @@ void NodeAgent::exchange(const Options& options) {
   // largest node's ranks' parts of a small step.
   int largest = 1;
   for (const NodeInfo& node : nodes_) largest = std::max(largest, node.local_size);
-  const std::size_t room = nnodes() <= kDirectAllgatherNodes ? kOneRoundNodeBytes : kLibraryRoundNodeBytes;
+  direct_max_nodes_ = all[0].direct_max_nodes;
+  const std::size_t room = nnodes() <= direct_max_nodes_ ? kOneRoundNodeBytes : kLibraryRoundNodeBytes;
   small_step_bytes_ = room / static_cast<std::size_t>(largest);
   block_bytes_ = sizeof(detail::BridgeStep) + room;
   fold_min_bytes_ = all[0].fold_min_bytes;
@@ -444,7 +464,7 @@ bool NodeAgent::serve_step(std::uint64_t s) {
     }
   } else if (shape == detail::StepShape::folded) {
     if (!fold_step(step, buffer, ranks[0].float_mode[s % 2])) return false;
-  } else if (nnodes() <= kDirectAllgatherNodes) {
+  } else if (nnodes() <= direct_max_nodes_) {
     const auto [mine, my_length] = contribution(me, node_rank_);
     exchange_with_every_node(buffer + mine, my_length, [&](int k) {
       const auto [offset, length] = contribution(nodes_[static_cast<std::size_t>(k)], k);
@@ -472,7 +492,7 @@ bool NodeAgent::serve_step(std::uint64_t s) {
 
 void NodeAgent::allgather_blocks(std::size_t length) {
   std::memcpy(blocks_.data() + static_cast<std::size_t>(node_rank_) * block_bytes_, block_.data(), length);
-  if (nnodes() > kDirectAllgatherNodes) return engine_->allgather_start(block_.data(), blocks_.data(), block_bytes_);
+  if (nnodes() > direct_max_nodes_) return engine_->allgather_start(block_.data(), blocks_.data(), block_bytes_);
   exchange_with_every_node(
       block_.data(), length,
       [&](int k) { return std::pair{blocks_.data() + static_cast<std::size_t>(k) * block_bytes_, block_bytes_}; },

@@ -105,7 +105,7 @@ class NodeAgent {
   bool fold_step(const detail::BridgeStep& step, std::byte* buffer, std::uint32_t float_mode);
   /// Starts the allgather of every node's block_, its first `length` bytes (a step's description
   /// and a small step's data), into blocks_, node k's at k x block_bytes_ (beyond
-  /// kDirectAllgatherNodes, the MPI library's allgather of whole blocks).
+  /// direct_max_nodes_ nodes, the MPI library's allgather of whole blocks).
   void allgather_blocks(std::size_t length);
   /// Starts, as the collective in flight, sending `my_bytes` at `mine` to every other node and
   /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0), exactly
@@ -143,6 +143,9 @@ class NodeAgent {
   int master_port_ = 0;
   std::size_t buffer_bytes_ = 0;  ///< each step buffer's size (NODAL_NODE_BUFFER_BYTES), the same on every node
   std::uint64_t fold_min_bytes_ = 0;  ///< NODAL_NODE_FOLD_MIN_BYTES (node_bridge.hpp), the same on every node
+  /// Up to this many nodes the agents send to each other directly (kDirectAllgatherNodes in
+  /// node_agent.cpp, or NODAL_NODE_DIRECT_MAX_NODES), the same on every node.
+  int direct_max_nodes_ = 0;
   int event_fd_ = -1;
   std::chrono::duration<double> node_timeout_{10.0};
 
