@@ -54,8 +54,16 @@ void check_buffer(const void* p, std::size_t elements, const char* what, const c
   if (p == nullptr && elements != 0) throw UsageError(fmt::format("{}: {} is null but holds {} elements", what, which, elements));
 }
 
-/// count * world_size must not overflow, nor count * element size.
+/// A DType value from outside the enum (cast from a number) has no element size.
+void check_dtype(DType dtype, const char* what) {
+  if (element_size(dtype) == 0) {
+    throw UsageError(fmt::format("{}: dtype value {} is not a nodal::DType", what, static_cast<int>(dtype)));
+  }
+}
+
+/// A valid dtype; count * world_size must not overflow, nor count * element size.
 void check_count(std::size_t count, DType dtype, int world_size, const char* what) {
+  check_dtype(dtype, what);
   std::size_t total = 0;  // multiplications, not divisions: this runs on every call
   if (__builtin_mul_overflow(count, element_size(dtype), &total) ||
       __builtin_mul_overflow(total, static_cast<std::size_t>(world_size), &total)) {
@@ -474,6 +482,7 @@ std::size_t check_counts(const detail::CommState& c, const std::vector<std::size
     throw UsageError(fmt::format("{}: {} has {} entries; communicator '{}' has {} ranks", what, which, counts.size(),
                                  c.name, c.size));
   }
+  check_dtype(dtype, what);
   std::size_t total = 0;
   for (std::size_t count : counts) {
     if (count > SIZE_MAX / element_size(dtype) - total) throw UsageError(fmt::format("{}: {} add up to too much", what, which));
@@ -557,11 +566,13 @@ void Communicator::barrier(Device device) {
 }
 
 void Communicator::send(const void* input, std::size_t count, DType dtype, int peer, int tag) {
+  check_dtype(dtype, "send");
   check_buffer(input, count, "send", "input");
   detail::send_message(state(), input, count, dtype, peer, tag);
 }
 
 void Communicator::recv(void* output, std::size_t count, DType dtype, int peer, int tag) {
+  check_dtype(dtype, "recv");
   check_buffer(output, count, "recv", "output");
   detail::recv_message(state(), output, count, dtype, peer, tag);
 }

@@ -1384,6 +1384,14 @@ int mismatch(const nodal::Context& ctx) {
   // rank before any data moves).
   cases.expect_usage_error("allreduce count too large", [&] { world.allreduce(in, out, SIZE_MAX / 2, DType::f32); });
   cases.expect_usage_error("allgather count too large", [&] { world.allgather(in, out, SIZE_MAX / 5, DType::f32); });
+  // A dtype cast from a number outside the enum: no element size (a division by zero before).
+  const auto not_a_dtype = static_cast<DType>(42);
+  cases.expect_usage_error("broadcast dtype not a DType", [&] { world.broadcast(in, 4, not_a_dtype, 0); });
+  {
+    const std::vector<std::size_t> ones(static_cast<std::size_t>(world.world_size()), 1);
+    cases.expect_usage_error("alltoallv dtype not a DType",
+                             [&] { world.alltoallv(in, ones, out, ones, not_a_dtype); });
+  }
   {
     // Shared tensors (the in_place algorithm), numel differing.
     Tensor shared = Tensor::empty_shared({static_cast<std::int64_t>(odd_one ? big + 1 : big)}, DType::f32);
