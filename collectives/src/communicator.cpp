@@ -831,6 +831,7 @@ Work Communicator::ibarrier() { return Work(start(state_, {barrier_call(), Devic
 void Communicator::send(const Tensor& tensor, int peer, int tag) {
   auto& c = state();
   check_tensor(tensor, "send", "input");
+  check_dtype(tensor.dtype(), "send");
   if (tensor.device().kind == Device::Kind::cpu) return send(tensor.data(), numel(tensor), tensor.dtype(), peer, tag);
   check_peer(c, peer, "send");
   // Behind pending GPU calls: they may be opening the backend this one uses.
@@ -843,6 +844,7 @@ void Communicator::send(const Tensor& tensor, int peer, int tag) {
 void Communicator::recv(Tensor& tensor, int peer, int tag) {
   auto& c = state();
   check_tensor(tensor, "recv", "output");
+  check_dtype(tensor.dtype(), "recv");
   if (tensor.device().kind == Device::Kind::cpu) return recv(tensor.data(), numel(tensor), tensor.dtype(), peer, tag);
   check_peer(c, peer, "recv");
   in_call_order(c, "recv", [state = state_, tensor, peer] {

@@ -377,6 +377,8 @@ TEST_P(Errors, MismatchedArgumentsThrowUsageErrorOnEveryRankAndTheCommunicatorSt
   // Messages say what was wrong: the first case is a count mismatch.
   EXPECT_TRUE(contains(r.out, "case allreduce count 8 vs 9: UsageError: ")) << r.out;
   EXPECT_EQ(count_lines(r.out, R"(case allgather count too large: UsageError: allgather: count \d+ is too large)"), n) << r.out;
+  EXPECT_EQ(count_lines(r.out, R"(case broadcast dtype not a DType: UsageError: broadcast: dtype value 42 is not)"), n)
+      << r.out;
   EXPECT_EQ(count_lines(r.out, R"(case alltoallv dtype not a DType: UsageError: alltoallv: dtype value 42 is not)"), n)
       << r.out;
   // Both roots of "broadcast root 0 vs 1" are senders of a small rooted call, which check nothing:

@@ -1380,18 +1380,6 @@ int mismatch(const nodal::Context& ctx) {
   cases.expect_usage_error_by_next_call("scatter root", [&] { world.scatter(in, out, 4, DType::f32, odd_one ? 1 : 0); });
   cases.expect_usage_error_by_next_call("scatter count", [&] { world.scatter(in, out, odd_one ? 5 : 4, DType::f32, 0); });
   cases.expect_usage_error("alltoall count", [&] { world.alltoall(in, out, odd_one ? 2 : 1, DType::f32); });
-  // Counts whose bytes overflow size_t: count x element size, then x world_size (checked on each
-  // rank before any data moves).
-  cases.expect_usage_error("allreduce count too large", [&] { world.allreduce(in, out, SIZE_MAX / 2, DType::f32); });
-  cases.expect_usage_error("allgather count too large", [&] { world.allgather(in, out, SIZE_MAX / 5, DType::f32); });
-  // A dtype cast from a number outside the enum: no element size (a division by zero before).
-  const auto not_a_dtype = static_cast<DType>(42);
-  cases.expect_usage_error("broadcast dtype not a DType", [&] { world.broadcast(in, 4, not_a_dtype, 0); });
-  {
-    const std::vector<std::size_t> ones(static_cast<std::size_t>(world.world_size()), 1);
-    cases.expect_usage_error("alltoallv dtype not a DType",
-                             [&] { world.alltoallv(in, ones, out, ones, not_a_dtype); });
-  }
   {
     // Shared tensors (the in_place algorithm), numel differing.
     Tensor shared = Tensor::empty_shared({static_cast<std::int64_t>(odd_one ? big + 1 : big)}, DType::f32);
@@ -1399,8 +1387,16 @@ int mismatch(const nodal::Context& ctx) {
     cases.expect_usage_error("allreduce shared tensors numel", [&] { world.allreduce(shared); });
   }
 
-  // Invalid arguments given alike on every rank.
+  // Invalid arguments given alike on every rank: each rank throws before any data moves. Counts
+  // whose bytes overflow size_t (count x element size; then x world_size), and a dtype cast from a
+  // number outside the enum (no element size).
+  const auto not_a_dtype = static_cast<DType>(42);
+  const std::vector<std::size_t> ones(static_cast<std::size_t>(n), 1);
   for (auto [name, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"allreduce count too large", [&] { world.allreduce(in, out, SIZE_MAX / 2, DType::f32); }},
+           {"allgather count too large", [&] { world.allgather(in, out, SIZE_MAX / 5, DType::f32); }},
+           {"broadcast dtype not a DType", [&] { world.broadcast(in, 4, not_a_dtype, 0); }},
+           {"alltoallv dtype not a DType", [&] { world.alltoallv(in, ones, out, ones, not_a_dtype); }},
            {"allreduce avg of bool", [&] { world.allreduce(in, out, 8, DType::bool_, ReduceOp::avg); }},
            {"reduce avg of bool", [&] { world.reduce(in, out, 8, DType::bool_, ReduceOp::avg, 0); }},
            {"reduce_scatter avg of bool", [&] { world.reduce_scatter(in, out, 8, DType::bool_, ReduceOp::avg); }},

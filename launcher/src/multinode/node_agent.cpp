@@ -34,6 +34,7 @@ struct NodeRecord {
   std::uint64_t buffer_bytes;  ///< NODAL_NODE_BUFFER_BYTES: steps are cut to it, so all nodes must agree
   std::uint64_t fold_min_bytes;  ///< NODAL_NODE_FOLD_MIN_BYTES: the ranks shape steps by it, so likewise
   std::int32_t direct_max_nodes;  ///< NODAL_NODE_DIRECT_MAX_NODES: how the agents exchange, so likewise
+  std::int32_t reserved;          ///< 0: no uninitialised padding goes between the nodes
   char host[64];
   char machine[40];  ///< /proc/sys/kernel/random/boot_id (NodeInfo::machine)
   char master_addr[128];
@@ -85,14 +86,14 @@ std::string machine_id() {
   return host_name();
 }
 
-/// A whole number >= 1 from the environment, or `fallback`.
+/// A whole number from 1 to 2^20 from the environment, or `fallback`.
 long env_count(const char* name, long fallback) {
   const char* text = std::getenv(name);
   if (!text) return fallback;
   long value = 0;
   auto [end, error] = std::from_chars(text, text + std::strlen(text), value);
   if (error != std::errc() || *end != '\0' || value < 1 || value > 1 << 20) {
-    throw UsageError(fmt::format("{}={}: expected a whole number >= 1", name, text));
+    throw UsageError(fmt::format("{}={}: expected a whole number from 1 to {}", name, text, 1 << 20));
   }
   return value;
 }

@@ -110,7 +110,7 @@ class NodeAgent {
   /// Starts, as the collective in flight, sending `my_bytes` at `mine` to every other node and
   /// receiving theirs(k) = {where, bytes} from each node k (nothing where a size is 0), exactly
   /// those bytes or up to them (`receive`: NODAL_INTERNODE_RECV or _RECV_UP_TO): one round of
-  /// direct sends and receives (kDirectAllgatherNodes in node_agent.cpp).
+  /// direct sends and receives (used up to direct_max_nodes_ nodes).
   void exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
                                 const std::function<std::pair<std::byte*, std::size_t>(int)>& theirs,
                                 int receive = NODAL_INTERNODE_RECV);
