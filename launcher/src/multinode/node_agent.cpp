@@ -87,12 +87,11 @@ std::string machine_id() {
 }
 
 /// A whole number from 1 to 2^20 from the environment, or `fallback`.
-long env_count(const char* name, long fallback) {
+int env_count(const char* name, int fallback) {
   const char* text = std::getenv(name);
   if (!text) return fallback;
-  long value = 0;
-  auto [end, error] = std::from_chars(text, text + std::strlen(text), value);
-  if (error != std::errc() || *end != '\0' || value < 1 || value > 1 << 20) {
+  const int value = detail::parse_int(text);  // -1 unless a whole number >= 0
+  if (value < 1 || value > 1 << 20) {
     throw UsageError(fmt::format("{}={}: expected a whole number from 1 to {}", name, text, 1 << 20));
   }
   return value;
@@ -245,7 +244,7 @@ void NodeAgent::exchange(const Options& options) {
   mine.master_port = engine_->rank() == 0 ? free_port(PortScope::any_interface) : 0;
   const char* buffer_text = std::getenv("NODAL_NODE_BUFFER_BYTES");
   mine.buffer_bytes = buffer_text ? detail::parse_bytes(buffer_text) : detail::kNodeBufferBytes;
-  mine.direct_max_nodes = static_cast<std::int32_t>(env_count("NODAL_NODE_DIRECT_MAX_NODES", kDirectAllgatherNodes));
+  mine.direct_max_nodes = env_count("NODAL_NODE_DIRECT_MAX_NODES", kDirectAllgatherNodes);
   const char* fold_text = std::getenv("NODAL_NODE_FOLD_MIN_BYTES");
   mine.fold_min_bytes = !fold_text                        ? detail::kNodeFoldMinBytes
                         : std::string_view(fold_text) == "off" ? UINT64_MAX
