@@ -218,7 +218,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Override{"default", {}}, Override{"auto", {"NODAL_ALLREDUCE_ALGO=auto"}},
                       // The small path needs the message in a slot: forcing it takes slots that large.
                       Override{"small", {"NODAL_ALLREDUCE_ALGO=small", "NODAL_SMALL_MAX_BYTES=8M"}},
-                      Override{"pipelined", {"NODAL_ALLREDUCE_ALGO=pipelined"}},
+                      // As if every rank had a core (NODAL_CROWDED=0), so that messages of one ring
+                      // entry (1000003 i8, 100003 i64) take two steps (Call::pipeline_step).
+                      Override{"pipelined", {"NODAL_ALLREDUCE_ALGO=pipelined", "NODAL_CROWDED=0"}},
                       Override{"in_place", {"NODAL_ALLREDUCE_ALGO=in_place"}},
                       Override{"small_max_0", {"NODAL_SMALL_MAX_BYTES=0"}},
                       Override{"small_max_8M", {"NODAL_SMALL_MAX_BYTES=8M"}},
@@ -246,14 +248,17 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
                    << "ranks, so nodal stages copies (the 'staged' case covers that path)";
     }
   }
-  std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0"};
+  // NODAL_CROWDED=0: as if every rank had a core, so that staged messages of one ring entry
+  // (1000003 i8, 100003 f64) take two steps (Call::pipeline_step) on any machine.
+  std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0", "-x",
+                                      "NODAL_CROWDED=0"};
   ChildResult r = run_coll(n,
                            {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
                             cma ? "sizes=100003,131071" : "sizes=100003,1000003", "dtypes=i8,f16,f64",
                             "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
                            options);
-  // cma: all below 1 MiB per rank (kCmaCopyEndBytes), so cma whether ranks outnumber cores or not;
-  // staged: up to 8 MB, many chunks through the ring.
+  // cma: all below 1 MiB per rank (kCmaCopyEndBytes); staged: up to 8 MB, one to many chunks
+  // through the ring.
   expect_all_ranks_ok(r, n);
   auto algorithms = algorithms_used(r.out);
   EXPECT_GT(algorithms[cma ? "private:cma" : "private:pipelined"], 0) << describe(algorithms);

@@ -49,6 +49,10 @@
 
 namespace nodal::detail {
 
+/// A staged copy of at least this many bytes per block takes two or more pipeline steps
+/// (Call::pipeline_step).
+constexpr std::size_t kTwoStepMinBytes = 256 * 1024;
+
 /// Room for the per-peer source pointers of a reduction without a heap allocation per call.
 class Sources {
  public:
@@ -140,6 +144,18 @@ class Call {
   std::size_t block_elements(std::size_t blocks) const {
     std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;
     return (lines > 1 ? lines : 1) * kCacheLine / esize_;
+  }
+  /// Elements per step of a staged call whose ring entry holds up to `most` per block: the
+  /// message in equal steps of whole cache lines, and, while every rank has a core of its own, at
+  /// least two steps from kTwoStepMinBytes, so the consumers copy one step out while the producer
+  /// stages the next. On 2 ranks, a 1 MiB broadcast in one step (the default 1 MiB chunk) took
+  /// 118-133 us, in two 63-70 us; when ranks share cores nothing overlaps (4 ranks on 2 cores:
+  /// allreduce 0.93-0.97x in two steps). Figures: bench/results/2026-11-28-two-step-pipeline.md.
+  std::size_t pipeline_step(std::size_t most) const {
+    std::size_t steps = ceil_div(call_.count, most);
+    if (steps == 1 && call_.count * esize_ >= kTwoStepMinBytes && c_.shared->crowded == 0) steps = 2;
+    const std::size_t line = kCacheLine / esize_;
+    return ceil_div(ceil_div(call_.count, steps), line) * line;
   }
 
   CommState& c_;

@@ -27,8 +27,17 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     if (kind == CollKind::broadcast) return j != call_.root;
     return !rooted_consumer || j == call_.root;
   };
-  const std::size_t slots = per_consumer ? static_cast<std::size_t>(n_) : 1;
-  const std::size_t per_step = cma ? call_.count : block_elements(slots);
+  // Where in producer p's ring entry consumer q's slice goes. scatter's root stages a slice for
+  // every other rank, its own block never (2 ranks: whole-entry slices, 1.13-1.20x at 2-4 MiB);
+  // alltoall keeps a slot per rank, its own unused: its half-entry slices beat whole ones on
+  // 2 ranks at 2-8 MiB (whole ones 0.65-0.85x; bench/results/2026-11-28-two-step-pipeline.md).
+  const bool skip_own_slot = kind == CollKind::scatter;
+  const std::size_t slots = !per_consumer ? 1 : static_cast<std::size_t>(skip_own_slot ? std::max(n_ - 1, 1) : n_);
+  auto slot_of = [&](int p, int q) -> std::size_t {
+    if (!per_consumer) return 0;
+    return static_cast<std::size_t>(skip_own_slot && q > p ? q - 1 : q);
+  };
+  const std::size_t per_step = cma ? call_.count : pipeline_step(block_elements(slots));
   const std::size_t steps = ceil_div(call_.count, per_step);
   // Element offsets: of the block producer p sends to consumer q in p's input, and of what q
   // receives from p in q's output.
@@ -53,7 +62,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
       }
       for (int q = 0; q < (per_consumer ? n_ : 1); ++q) {
         if (per_consumer && (q == r_ || !consumer(q))) continue;
-        std::memcpy(c_.stage(r_, i) + (per_consumer ? q * per_step * esize : 0),
+        std::memcpy(c_.stage(r_, i) + slot_of(r_, q) * per_step * esize,
                     bytes(call_.input) + (in_block(q) + begin) * esize, len * esize);
       }
       publish(c_, progress(r_).posted, flag(i));
@@ -71,7 +80,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
           from = bytes(peer_input(p)) + (in_block(r_) + begin) * esize;
         } else {
           wait_flag(c_, progress(p).posted, flag(i), "collective");
-          from = c_.stage(p, i) + (per_consumer ? r_ * per_step * esize : 0);
+          from = c_.stage(p, i) + slot_of(p, r_) * per_step * esize;
         }
         copy_bytes(to, from, len * esize, stream);
       }

@@ -29,12 +29,13 @@ void Call::run_pipelined_reduction(bool in_place) {
   const std::size_t per_block = block_elements(static_cast<std::size_t>(n_));
   const std::size_t line = kCacheLine / esize_;
   const bool scatter = call_.kind == CollKind::reduce_scatter;
-  const std::size_t step_elements = scatter ? per_block : per_block * n_;
+  // A ring entry holds per_block elements of each block; a step may take less (pipeline_step).
+  const std::size_t step_elements = pipeline_step(scatter ? per_block : per_block * n_);
   const std::size_t steps = ceil_div(call_.count, step_elements);
   auto piece = [&](std::size_t i, int b) -> Piece {
     if (scatter) {
-      std::size_t begin = i * per_block;
-      std::size_t len = std::min(per_block, call_.count - begin);
+      std::size_t begin = i * step_elements;
+      std::size_t len = std::min(step_elements, call_.count - begin);
       return {b * call_.count + begin, begin, len, b * per_block * esize_};
     }
     std::size_t base = i * step_elements;
