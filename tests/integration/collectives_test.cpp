@@ -254,10 +254,10 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
                                       "NODAL_CROWDED=0"};
   ChildResult r = run_coll(n,
                            {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                            cma ? "sizes=100003,131071" : "sizes=100003,1000003", "dtypes=i8,f16,f64",
+                            cma ? "sizes=20003,65531" : "sizes=100003,1000003", "dtypes=i8,f16,f64",
                             "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
                            options);
-  // cma: all below 1 MiB per rank (kCmaCopyEndBytes); staged: up to 8 MB, one to many chunks
+  // cma: all from 16 KiB (NODAL_CMA_MIN_BYTES) below 512 KiB per rank (cma_copy_end_bytes); staged: up to 8 MB, one to many chunks
   // through the ring.
   expect_all_ranks_ok(r, n);
   auto algorithms = algorithms_used(r.out);
@@ -269,27 +269,29 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
 INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged"),
                          [](const auto& p) { return p.param; });
 
-TEST(Collectives, CopyCollectivesTakeCmaFrom1MiBOnlyWhenRanksOutnumberCores) {
-  // 3 ranks, private buffers, 1 MiB - 32 B and 4 MB of f32 per rank: cma below 1 MiB; from 1 MiB
-  // the pipelined path while every rank has a core, cma when ranks outnumber the cores. Both
-  // cases on any machine: NODAL_CROWDED (nodalrun's verdict, Launcher.TheNodeIsCrowdedWhen...)
-  // given with -x.
+TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {
+  // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B and 4 MB of f32 per rank. While every
+  // rank has a core: cma below 512 KiB; from 512 KiB allgather, gather and alltoall take the
+  // pipelined path, from 1 MiB broadcast and scatter too (algorithm_table.hpp, cma_copy_end_bytes).
+  // When ranks outnumber cores: cma at every size. Both cases on any machine: NODAL_CROWDED
+  // (nodalrun's verdict, Launcher.TheNodeIsCrowdedWhen...) given with -x.
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   if (yama && (yama >> scope) && scope != 0) GTEST_SKIP() << "Yama ptrace_scope is " << scope << ": no cma here";
   const int n = 3;
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n,
-                             {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall", "sizes=262136,1000003",
-                              "dtypes=f32", "variants=raw/in/private,raw/out/private"},
+                             {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
+                              "sizes=131064,262136,1000003", "dtypes=f32", "variants=raw/in/private,raw/out/private"},
                              {"--shm-size", "1G", "-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
     expect_all_ranks_ok(r, n);
     auto algorithms = algorithms_used(r.out);
     // Per rank and size, 6 calls: broadcast (in place only), allgather both ways, gather, scatter
-    // and alltoall out of place.
-    EXPECT_EQ(algorithms["private:cma"], n * (crowded ? 12 : 6)) << "crowded " << crowded << ": " << describe(algorithms);
-    EXPECT_EQ(algorithms["private:pipelined"], n * (crowded ? 0 : 6)) << "crowded " << crowded << ": "
-                                                                      << describe(algorithms);
+    // and alltoall out of place. Not crowded: all 6 cma at 512 KiB - 32 B; at 1 MiB - 32 B
+    // broadcast and scatter cma, the other 4 pipelined; at 4 MB all 6 pipelined.
+    EXPECT_EQ(algorithms["private:cma"], n * (crowded ? 18 : 8)) << "crowded " << crowded << ": " << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], n * (crowded ? 0 : 10)) << "crowded " << crowded << ": "
+                                                                       << describe(algorithms);
   }
 }
 
@@ -441,8 +443,10 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
   EXPECT_TRUE(contains(large["allreduce"], "on 2 ranks cma from 1 MiB below 32 MiB (in place up to 64 MiB)"))
       << large["allreduce"];
   EXPECT_TRUE(contains(large["alltoall"],
-                       "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores) where allowed, else pipelined"))
+                       "else cma from 16 KiB (below 512 KiB unless ranks outnumber cores) where allowed, else pipelined"))
       << large["alltoall"];
+  EXPECT_TRUE(contains(large["broadcast"], "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores)"))
+      << large["broadcast"];
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),

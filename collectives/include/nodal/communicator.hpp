@@ -39,7 +39,8 @@
 //              share_memory()): peers' buffers are read where they are (single copy); allreduce's
 //              is one pass, each block's owner reducing it and writing it into every output.
 //   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 16 KiB per rank from
-//              private buffers, below 1 MiB unless ranks outnumber cores (NODAL_CROWDED): one
+//              private buffers, below 1 MiB (allgather, gather, alltoall: 512 KiB) unless ranks
+//              outnumber cores (NODAL_CROWDED): one
 //              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH
 //              do), where the kernel allows it (no Yama ptrace_scope >= 1) and NODAL_CMA is not 0;
 //              otherwise pipelined. Also reduce while (world_size - 1) x size <= 256 KiB (the root

@@ -44,11 +44,11 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
              format_bytes(kCmaReduceMaxBytes) + where;
     case CollKind::reduce_scatter: return in_place + "pipelined";
     default:
-      if (config.cma_min_bytes >= kCmaCopyEndBytes) {
+      if (config.cma_min_bytes >= cma_copy_end_bytes(kind)) {
         return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " when ranks outnumber cores" + where;
       }
-      return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " (below " + format_bytes(kCmaCopyEndBytes) +
-             " unless ranks outnumber cores)" + where;
+      return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " (below " +
+             format_bytes(cma_copy_end_bytes(kind)) + " unless ranks outnumber cores)" + where;
   }
 }
 
@@ -79,18 +79,22 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
   return !on_gpu && largest_bytes <= config.small_max && (forced == Forced::none || forced == Forced::small);
 }
 
+std::size_t cma_copy_end_bytes(CollKind kind) noexcept {
+  return kind == CollKind::broadcast || kind == CollKind::scatter ? kCmaCopyEndBytes : kCmaCopyAllProduceEndBytes;
+}
+
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
                           bool cma_usable, bool crowded) {
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
-  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB, and at any size
-  // when ranks outnumber cores (algorithm_table.hpp, kCmaCopyEndBytes). reduce's root reads the
+  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB or 512 KiB, and
+  // at any size when ranks outnumber cores (algorithm_table.hpp, cma_copy_end_bytes). reduce's root reads the
   // peers' inputs and reduces them alone (shm/cma.cpp): faster than the pipelined reduce-scatter
   // while the root's share is small (bench/results/2026-11-25-collectives-round-two.md); so is
   // allreduce on 2 ranks from 1 MiB (algorithm_table.hpp; on 4 ranks sharing 2 cores it lost,
   // 0.8x); reduce_scatter stays pipelined.
   const bool reads_inputs =
-      (!is_reduction(kind) && (crowded || bytes < kCmaCopyEndBytes)) ||
+      (!is_reduction(kind) && (crowded || bytes < cma_copy_end_bytes(kind))) ||
       (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes) ||
       (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes &&
        (in_place ? bytes <= kCmaAllreduceInPlaceMaxBytes : bytes < kCmaAllreduceEndBytes));

@@ -9,8 +9,9 @@
 //   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
 //              shm/push_allreduce.cpp allreduce's: each block's owner reduces it and writes it
 //                                     into every output (one pass: a copy's traffic)
-//   cma        shm/cma.cpp            private buffers of the copy collectives (below 1 MiB
-//                                     unless ranks outnumber cores), reduce and (2 ranks,
+//   cma        shm/cma.cpp            private buffers of the copy collectives (below 1 MiB,
+//                                     allgather, gather, alltoall below 512 KiB, unless
+//                                     ranks outnumber cores), reduce and (2 ranks,
 //                                     1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
 //                                     per peer (Open MPI's and MPICH's single-copy path);
@@ -53,13 +54,22 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
                           bool cma_usable, bool crowded);
 
-/// The copy collectives (broadcast, allgather, gather, scatter, alltoall) take cma below this size
-/// (bytes per rank) unless ranks outnumber cores: with a core per rank the pipelined path, where
-/// the producer stages a chunk while its consumers copy out the previous one, uses both cores and
-/// was 1.1-4.2x faster from 1 MiB on 2 ranks (broadcast 2.9-4.2x from 2 MiB; scatter 0.84-0.89x
-/// at 32-64 MiB the exception), cma 1.1-2x faster at 64-512 KiB; with 4 ranks on 2 cores cma won
-/// at nearly every size, up to 6x (bench/results/2026-11-27-cma-copy-limit.md).
+/// broadcast and scatter, whose root alone produces, take cma below this size (bytes per rank)
+/// unless ranks outnumber cores: with a core per rank the pipelined path, where the producer
+/// stages a chunk while its consumers copy out the previous one, uses both cores and was 1.1-4.2x
+/// faster from 1 MiB on 2 ranks (broadcast 2.9-4.2x from 2 MiB; scatter 0.84-0.89x at 32-64 MiB
+/// the exception), cma 1.1-2x faster at 64-512 KiB; with 4 ranks on 2 cores cma won at nearly
+/// every size, up to 6x (bench/results/2026-11-27-cma-copy-limit.md).
 constexpr std::size_t kCmaCopyEndBytes = 1024 * 1024;
+
+/// allgather, gather and alltoall, where every rank produces, take cma below this size instead:
+/// at 512 KiB on 2 ranks their pipelined path in two steps was 1.2-1.9x cma's speed (gather
+/// 28 us against 54), at 256 KiB 0.4-0.9x (bench/results/2026-11-28-two-step-pipeline.md).
+constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
+
+/// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has
+/// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes.
+std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 
 /// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
 /// reads and reduces every peer's input alone.
