@@ -234,6 +234,23 @@ TEST(MultiNode, FashionMnistOnTwoNodesLearnsTheOneNodeWeights) {
             "equal");
 }
 
+TEST(MultiNode, TheEngineSaysHowManyBytesEachReceiveGot) {
+  // The agents' step messages are as long as each node needs (up to 64 KiB of data); the agent
+  // checks each against its description (node_agent.cpp) by the length the engine reports.
+  ChildResult r = run_job({NODAL_TEST_MPIRUN, "-n", "2", "--oversubscribe", "--mca", "btl", "tcp,self", "--bind-to",
+                           "none", NODAL_TEST_ENGINE_PROGRAM, NODAL_TEST_ENGINE},
+                          {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int agent = 0; agent < 2; ++agent) {
+    for (const std::string& expected :
+         {"agent " + std::to_string(agent) + " up_to ok 5",
+          "agent " + std::to_string(agent) + " exact: an exchange received 60 bytes from agent " +
+              std::to_string(1 - agent) + " where 100 were expected"}) {
+      EXPECT_NE(r.out.find(expected), std::string::npos) << "missing: " << expected << "\n" << r.out << r.err;
+    }
+  }
+}
+
 TEST(MultiNode, MismatchedCallsAreAUsageErrorOnEveryRank) {
   // A 1 MiB node buffer: the large calls take 3 and 5 steps.
   ChildResult r = run_job(loopback(2, 2, {NODAL_TEST_MULTINODE_PROGRAM, "mismatch"}), {"NODAL_NODE_BUFFER_BYTES=1M"});

@@ -60,12 +60,12 @@ bool NodeAgent::fold_step(const detail::BridgeStep& step, std::byte* buffer, std
     const long back = t - (2L * last_node - k);     // the result that reaches it in tick t
     transfers.clear();
     constexpr int kRecv = NODAL_INTERNODE_RECV, kSend = NODAL_INTERNODE_SEND;
-    if (k > 0 && valid(fold)) transfers.push_back({k - 1, kRecv, at(partial_in, fold), length(fold)});
+    if (k > 0 && valid(fold)) transfers.push_back({k - 1, kRecv, at(partial_in, fold), length(fold), 0});
     if (k < last_node && valid(fold - 1)) {
-      transfers.push_back({k + 1, kSend, at(partial_out, fold - 1), length(fold - 1)});
+      transfers.push_back({k + 1, kSend, at(partial_out, fold - 1), length(fold - 1), 0});
     }
-    if (k < last_node && valid(back)) transfers.push_back({k + 1, kRecv, at(result, back), length(back)});
-    if (k > 0 && valid(back - 1)) transfers.push_back({k - 1, kSend, at(result, back - 1), length(back - 1)});
+    if (k < last_node && valid(back)) transfers.push_back({k + 1, kRecv, at(result, back), length(back), 0});
+    if (k > 0 && valid(back - 1)) transfers.push_back({k - 1, kSend, at(result, back - 1), length(back - 1), 0});
     if (!transfers.empty()) {
       engine_->exchange_start(transfers);
       wait_collective(true);

@@ -71,7 +71,7 @@ void InterNode::allgatherv_start(void* buffer, const std::uint64_t* counts, cons
 void InterNode::broadcast_start(void* buffer, std::uint64_t bytes, int root) {
   if (ops_->broadcast_start(handle_, buffer, bytes, root, error_, sizeof error_)) fail("broadcast");
 }
-void InterNode::exchange_start(const std::vector<nodal_internode_transfer>& transfers) {
+void InterNode::exchange_start(std::vector<nodal_internode_transfer>& transfers) {
   if (ops_->exchange_start(handle_, transfers.data(), static_cast<std::uint32_t>(transfers.size()), error_,
                            sizeof error_)) {
     fail("exchange");

@@ -33,8 +33,9 @@ class InterNode {
   void allgatherv_start(void* buffer, const std::uint64_t* counts, const std::uint64_t* displs);
   void broadcast_start(void* buffer, std::uint64_t bytes, int root);
   void barrier_start();
-  /// Starts the transfers (internode_plugin.h) as the collective in flight.
-  void exchange_start(const std::vector<nodal_internode_transfer>& transfers);
+  /// Starts the transfers (internode_plugin.h) as the collective in flight. `transfers` must
+  /// stay as it is until test() returns true, which sets each one's `received`.
+  void exchange_start(std::vector<nodal_internode_transfer>& transfers);
   bool test();
   void send_notice(int dest, std::string_view data);
   /// A pending notice and its sender, if any.

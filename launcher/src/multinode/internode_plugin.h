@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define NODAL_INTERNODE_ABI 4
+#define NODAL_INTERNODE_ABI 5
 
 typedef struct nodal_internode nodal_internode; /* the engine's handle */
 
@@ -25,8 +25,8 @@ typedef struct nodal_internode nodal_internode; /* the engine's handle */
 enum {
   NODAL_INTERNODE_RECV = 0,       /* receive exactly `bytes` into `data` from agent `peer` */
   NODAL_INTERNODE_SEND = 1,       /* send `bytes` at `data` to agent `peer` */
-  NODAL_INTERNODE_RECV_UP_TO = 2  /* receive a message of at most `bytes` (a longer one is an error); its
-                                     own contents say how long it was (the agents' step blocks) */
+  NODAL_INTERNODE_RECV_UP_TO = 2  /* receive a message of at most `bytes` (a longer one is an error);
+                                     how long it was goes to `received` */
 };
 
 /* One transfer of an exchange_start. */
@@ -35,6 +35,8 @@ typedef struct nodal_internode_transfer {
   int kind; /* NODAL_INTERNODE_RECV, _SEND or _RECV_UP_TO */
   void* data;
   uint64_t bytes;
+  uint64_t received; /* set by the engine once test reports the exchange done: the bytes that came
+                        (a receive), 0 (a send) */
 } nodal_internode_transfer;
 
 typedef struct nodal_internode_ops {
@@ -87,8 +89,9 @@ typedef struct nodal_internode_ops {
   int (*p2p_cancel_all)(nodal_internode*, char* error, size_t error_size);
   /* Starts `count` transfers with other agents as the collective in flight (completed through
    * test); each matches the peer's transfer of the other direction in the order both were started
-   * (the agents' pipelined chain of a folded step: node_bridge.hpp). */
-  int (*exchange_start)(nodal_internode*, const nodal_internode_transfer* transfers, uint32_t count, char* error,
+   * (the agents' pipelined chain of a folded step: node_bridge.hpp). `transfers` stays valid until
+   * test reports the exchange done, which writes each one's `received`. */
+  int (*exchange_start)(nodal_internode*, nodal_internode_transfer* transfers, uint32_t count, char* error,
                         size_t error_size);
 } nodal_internode_ops;
 

@@ -454,6 +454,18 @@ bool NodeAgent::serve_step(std::uint64_t s) {
     detail::notify(b.word);
     return true;  // every rank throws UsageError, then serve_steps skips s + 1 (node_bridge.hpp)
   }
+  if (nnodes() <= direct_max_nodes_) {
+    // Every node sent its description and, in a small step, its part: anything else is a fault
+    // between the agents, which must not reach the ranks as stale bytes of an earlier step.
+    for (const nodal_internode_transfer& t : transfers_) {
+      if (t.kind != NODAL_INTERNODE_RECV_UP_TO) continue;
+      const std::size_t want = sizeof step + (small ? contribution(nodes_[static_cast<std::size_t>(t.peer)], t.peer).second : 0);
+      if (t.received != want) {
+        throw std::runtime_error(fmt::format("step {}: {} sent {} bytes where its description and data take {}", s,
+                                             label(t.peer), t.received, want));
+      }
+    }
+  }
   if (small) {
     // The data came with the descriptions: put the other nodes' parts where the ranks read them.
     for (int k = 0; k < nnodes(); ++k) {
@@ -506,8 +518,8 @@ void NodeAgent::exchange_with_every_node(std::byte* mine, std::size_t my_bytes,
   for (int k = 0; k < nnodes(); ++k) {
     if (k == node_rank_) continue;
     const auto [at, bytes] = theirs(k);
-    if (bytes > 0) transfers_.push_back({k, receive, at, bytes});
-    if (my_bytes > 0) transfers_.push_back({k, NODAL_INTERNODE_SEND, mine, my_bytes});
+    if (bytes > 0) transfers_.push_back({k, receive, at, bytes, 0});
+    if (my_bytes > 0) transfers_.push_back({k, NODAL_INTERNODE_SEND, mine, my_bytes, 0});
   }
   engine_->exchange_start(transfers_);
 }

@@ -20,7 +20,8 @@ struct nodal_internode {
   MPI_Comm notices = MPI_COMM_NULL;
   MPI_Comm p2p = MPI_COMM_NULL;
   std::vector<MPI_Request> in_flight;  // the collective in flight (an exchange: one request per transfer)
-  std::vector<int> in_flight_expected;  // per request: an exact receive's bytes, -1 otherwise
+  std::vector<int> transfer_sizes;  // exchange_start's, as MPI counts
+  nodal_internode_transfer* exchange = nullptr;  // the exchange in flight's transfers (their `received`)
   std::vector<MPI_Status> statuses;
   int rank = 0;
   int size = 1;
@@ -43,7 +44,7 @@ constexpr int kExchangeTag = 8;  // on `collectives`, whose other operations are
 /// The request of the one collective about to start.
 MPI_Request* start(nodal_internode* self) {
   self->in_flight.assign(1, MPI_REQUEST_NULL);
-  self->in_flight_expected.assign(1, -1);
+  self->exchange = nullptr;
   return self->in_flight.data();
 }
 
@@ -140,10 +141,10 @@ int barrier_start(nodal_internode* self, char* error, size_t error_size) {
   return 0;
 }
 
-int exchange_start(nodal_internode* self, const nodal_internode_transfer* transfers, uint32_t count, char* error,
+int exchange_start(nodal_internode* self, nodal_internode_transfer* transfers, uint32_t count, char* error,
                    size_t error_size) {
-  // Every transfer checked before any starts; an exact receive's size is kept for test().
-  std::vector<int>& sizes = self->in_flight_expected;
+  // Every transfer checked before any starts.
+  std::vector<int>& sizes = self->transfer_sizes;
   sizes.resize(count);
   for (uint32_t i = 0; i < count; ++i) {
     const int kind = transfers[i].kind;
@@ -154,7 +155,8 @@ int exchange_start(nodal_internode* self, const nodal_internode_transfer* transf
   }
   self->in_flight.assign(count, MPI_REQUEST_NULL);
   for (uint32_t i = 0; i < count; ++i) {
-    const nodal_internode_transfer& t = transfers[i];
+    nodal_internode_transfer& t = transfers[i];
+    t.received = 0;
     MPI_Request* request = &self->in_flight[i];
     if (t.kind == NODAL_INTERNODE_SEND) {
       NODAL_MPI(MPI_Isend(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
@@ -162,8 +164,8 @@ int exchange_start(nodal_internode* self, const nodal_internode_transfer* transf
       // A longer message than `bytes` fails in MPI itself (MPI_ERR_TRUNCATE, reported by test).
       NODAL_MPI(MPI_Irecv(t.data, sizes[i], MPI_BYTE, t.peer, kExchangeTag, self->collectives, request));
     }
-    if (t.kind != NODAL_INTERNODE_RECV) sizes[i] = -1;
   }
+  self->exchange = transfers;  // test() writes their `received`
   return 0;
 }
 
@@ -189,17 +191,21 @@ int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   }
   NODAL_MPI(code);
   forget_sent_notices(self);
-  if (*done) {
-    for (size_t i = 0; i < self->in_flight_expected.size(); ++i) {
-      if (self->in_flight_expected[i] < 0) continue;
+  if (*done && self->exchange != nullptr) {
+    nodal_internode_transfer* transfers = self->exchange;
+    self->exchange = nullptr;  // reported once
+    for (size_t i = 0; i < self->in_flight.size(); ++i) {
+      nodal_internode_transfer& t = transfers[i];
+      if (t.kind == NODAL_INTERNODE_SEND) continue;
       int received = 0;
       MPI_Get_count(&self->statuses[i], MPI_BYTE, &received);
-      if (received != self->in_flight_expected[i]) {
-        return say(error, error_size, "an exchange received " + std::to_string(received) + " bytes where " +
-                                          std::to_string(self->in_flight_expected[i]) + " were expected");
+      t.received = static_cast<uint64_t>(received);
+      if (t.kind == NODAL_INTERNODE_RECV && t.received != t.bytes) {
+        return say(error, error_size, "an exchange received " + std::to_string(received) + " bytes from agent " +
+                                          std::to_string(t.peer) + " where " + std::to_string(t.bytes) +
+                                          " were expected");
       }
     }
-    self->in_flight_expected.clear();  // checked once
   }
   return 0;
 }
