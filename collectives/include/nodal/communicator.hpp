@@ -56,8 +56,9 @@
 //   NODAL_CMA_MIN_BYTES=N         smallest copy (bytes per rank) that takes cma (default 16 KiB)
 //   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
 //                                 (default 16 KiB; 0: never)
-//   NODAL_CHUNK_BYTES=N           pipeline chunk: bytes per step, all blocks together (default 1 MiB,
-//                                 at least 4096)
+//   NODAL_CHUNK_BYTES=N           pipeline chunk: most bytes per step, all blocks together (default
+//                                 1 MiB, at least 4096); a message of one chunk from 256 KiB takes
+//                                 two steps while every rank has a core
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
 // arena (16 * (32 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined call a staging ring
 // (4 * chunk per rank) per communicator, for the life of the job.
