@@ -248,13 +248,14 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
                    << "ranks, so nodal stages copies (the 'staged' case covers that path)";
     }
   }
-  // NODAL_CROWDED=0: as if every rank had a core, so that staged messages of one ring entry
-  // (1000003 i8, 100003 f64) take two steps (Call::pipeline_step) on any machine.
+  // NODAL_CROWDED=0: as if every rank had a core, so that staged messages of one ring entry take
+  // two steps (Call::pipeline_step) on any machine (1000003 i8 and 100003 f64; 40003 f64 for
+  // scatter's and alltoall's slices). Ranks then spin without yielding: slower on 2 cores, not wrong.
   std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0", "-x",
                                       "NODAL_CROWDED=0"};
   ChildResult r = run_coll(n,
                            {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                            cma ? "sizes=20003,65531" : "sizes=100003,1000003", "dtypes=i8,f16,f64",
+                            cma ? "sizes=20003,65531" : "sizes=40003,100003,1000003", "dtypes=i8,f16,f64",
                             "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
                            options);
   // cma: all from 16 KiB (NODAL_CMA_MIN_BYTES) below 512 KiB per rank (cma_copy_end_bytes); staged: up to 8 MB, one to many chunks

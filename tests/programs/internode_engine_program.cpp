@@ -5,8 +5,10 @@
 // 1. Exchanges of NODAL_INTERNODE_RECV_UP_TO: each agent sends messages of several lengths
 //    (lengths differ between the agents), receives up to 70000 bytes, and checks that the engine's
 //    `received` is the length the peer sent and that the bytes are the peer's.
-// 2. An exact NODAL_INTERNODE_RECV of 100 bytes that gets 60: test() must fail and say so.
-// Prints "agent R up_to ok N" and "agent R exact: MESSAGE"; exits non-zero on any other outcome.
+// 2. An exact NODAL_INTERNODE_RECV of 1000 bytes that gets them; then one of 100 bytes that gets
+//    60: test() must fail and say so.
+// Prints "agent R up_to ok N", "agent R exact ok" and "agent R exact: MESSAGE"; exits non-zero on
+// any other outcome.
 #include "multinode/internode_plugin.h"
 
 #include <dlfcn.h>
@@ -76,9 +78,24 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < theirs; ++i) {
       if (in[i] != pattern(peer, theirs, i)) die(agent, "byte " + std::to_string(i) + " of " + std::to_string(theirs));
     }
+    for (std::size_t i = theirs; i < kRoom; ++i) {
+      if (in[i] != 0xee) die(agent, "byte " + std::to_string(i) + " past the " + std::to_string(theirs) + " received");
+    }
     ++exchanges;
   }
   std::printf("agent %d up_to ok %d\n", agent, exchanges);
+
+  {  // an exact receive of what the peer sends
+    std::vector<std::uint8_t> out(1000, static_cast<std::uint8_t>(agent + 1)), in(1000, 0);
+    std::vector<nodal_internode_transfer> transfers = {
+        {peer, NODAL_INTERNODE_RECV, in.data(), in.size(), 0},
+        {peer, NODAL_INTERNODE_SEND, out.data(), out.size(), 0},
+    };
+    const std::string failure = run(transfers);
+    if (!failure.empty()) die(agent, "exact exchange of 1000 bytes: " + failure);
+    if (transfers[0].received != 1000 || in[999] != peer + 1) die(agent, "exact exchange of 1000 bytes: wrong data");
+    std::printf("agent %d exact ok\n", agent);
+  }
 
   std::vector<std::uint8_t> out(60, 1), in(100, 0);
   std::vector<nodal_internode_transfer> transfers = {

@@ -49,8 +49,9 @@
 
 namespace nodal::detail {
 
-/// A staged copy of at least this many bytes per block takes two or more pipeline steps
-/// (Call::pipeline_step).
+/// A staged call whose message (per consumer for scatter and alltoall, per block for
+/// reduce_scatter, the whole message otherwise) fits one ring entry takes two pipeline steps from
+/// this many bytes (Call::pipeline_step).
 constexpr std::size_t kTwoStepMinBytes = 256 * 1024;
 
 /// Room for the per-peer source pointers of a reduction without a heap allocation per call.
@@ -145,7 +146,8 @@ class Call {
     std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;
     return (lines > 1 ? lines : 1) * kCacheLine / esize_;
   }
-  /// Elements per step of a staged call whose ring entry holds up to `most` per block: the
+  /// Elements per step of a staged call (not in place) whose ring entry holds up to `most` of the
+  /// message (elements, whole cache lines) per step: the
   /// message in equal steps of whole cache lines, and, while every rank has a core of its own, at
   /// least two steps from kTwoStepMinBytes, so the consumers copy one step out while the producer
   /// stages the next. On 2 ranks, a 1 MiB broadcast in one step (the default 1 MiB chunk) took

@@ -37,7 +37,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     if (!per_consumer) return 0;
     return static_cast<std::size_t>(skip_own_slot && q > p ? q - 1 : q);
   };
-  const std::size_t per_step = cma ? call_.count : pipeline_step(block_elements(slots));
+  const std::size_t per_step = cma ? call_.count : in_place ? block_elements(slots) : pipeline_step(block_elements(slots));
   const std::size_t steps = ceil_div(call_.count, per_step);
   // Element offsets: of the block producer p sends to consumer q in p's input, and of what q
   // receives from p in q's output.

@@ -1,5 +1,6 @@
 // Pipelined reductions (allreduce, reduce, reduce_scatter beyond the small path): reduce-scatter,
-// plus all-gather for allreduce and a gather to the root for reduce, in steps of one ring entry.
+// plus all-gather for allreduce and a gather to the root for reduce, in steps of at most one ring
+// entry.
 // Each rank reduces one block per step: from the peers' staged copies in the ring (pipelined) or
 // straight from their arena buffers (in_place: reduce and reduce_scatter; allreduce's in_place is
 // shm/push_allreduce.cpp); ring entries are reused once every reader has published `consumed` for
@@ -29,8 +30,10 @@ void Call::run_pipelined_reduction(bool in_place) {
   const std::size_t per_block = block_elements(static_cast<std::size_t>(n_));
   const std::size_t line = kCacheLine / esize_;
   const bool scatter = call_.kind == CollKind::reduce_scatter;
-  // A ring entry holds per_block elements of each block; a step may take less (pipeline_step).
-  const std::size_t step_elements = pipeline_step(scatter ? per_block : per_block * n_);
+  // A ring entry holds per_block elements of each block; a staged step may take less
+  // (pipeline_step). In place, the peers' buffers are read where they are: nothing to overlap.
+  const std::size_t most = scatter ? per_block : per_block * n_;
+  const std::size_t step_elements = in_place ? most : pipeline_step(most);
   const std::size_t steps = ceil_div(call_.count, step_elements);
   auto piece = [&](std::size_t i, int b) -> Piece {
     if (scatter) {

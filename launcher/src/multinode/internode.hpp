@@ -34,7 +34,8 @@ class InterNode {
   void broadcast_start(void* buffer, std::uint64_t bytes, int root);
   void barrier_start();
   /// Starts the transfers (internode_plugin.h) as the collective in flight. `transfers` must
-  /// stay as it is until test() returns true, which sets each one's `received`.
+  /// stay as it is until test() returns true, which sets each one's `received` (or until the job
+  /// ends: an agent that stops waiting calls test() no more).
   void exchange_start(std::vector<nodal_internode_transfer>& transfers);
   bool test();
   void send_notice(int dest, std::string_view data);

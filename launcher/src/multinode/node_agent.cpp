@@ -438,6 +438,17 @@ bool NodeAgent::serve_step(std::uint64_t s) {
   allgather_blocks(block_length);
   wait_collective(true);
   if (stopping()) return false;
+  // Every node's message starts with its description (checked whole below, once the descriptions
+  // agree): a shorter one would leave an earlier step's description to compare.
+  auto fault = [&](const nodal_internode_transfer& t, std::size_t want) {
+    return std::runtime_error(fmt::format("step {}: {} sent {} bytes where its description and data take {}", s,
+                                          label(t.peer), t.received, want));
+  };
+  const bool direct = nnodes() <= direct_max_nodes_;
+  for (std::size_t i = 0; direct && i < transfers_.size(); ++i) {
+    const nodal_internode_transfer& t = transfers_[i];
+    if (t.kind == NODAL_INTERNODE_RECV_UP_TO && t.received < sizeof step) throw fault(t, sizeof step);
+  }
   std::vector<detail::BridgeStep> steps(nodes_.size());
   for (std::size_t k = 0; k < steps.size(); ++k) std::memcpy(&steps[k], blocks_.data() + k * block_bytes_, sizeof step);
   for (std::size_t k = 1; k < steps.size() && local_mismatch.empty(); ++k) {
@@ -454,16 +465,13 @@ bool NodeAgent::serve_step(std::uint64_t s) {
     detail::notify(b.word);
     return true;  // every rank throws UsageError, then serve_steps skips s + 1 (node_bridge.hpp)
   }
-  if (nnodes() <= direct_max_nodes_) {
+  if (direct) {
     // Every node sent its description and, in a small step, its part: anything else is a fault
     // between the agents, which must not reach the ranks as stale bytes of an earlier step.
     for (const nodal_internode_transfer& t : transfers_) {
       if (t.kind != NODAL_INTERNODE_RECV_UP_TO) continue;
       const std::size_t want = sizeof step + (small ? contribution(nodes_[static_cast<std::size_t>(t.peer)], t.peer).second : 0);
-      if (t.received != want) {
-        throw std::runtime_error(fmt::format("step {}: {} sent {} bytes where its description and data take {}", s,
-                                             label(t.peer), t.received, want));
-      }
+      if (t.received != want) throw fault(t, want);
     }
   }
   if (small) {

@@ -143,6 +143,7 @@ int barrier_start(nodal_internode* self, char* error, size_t error_size) {
 
 int exchange_start(nodal_internode* self, nodal_internode_transfer* transfers, uint32_t count, char* error,
                    size_t error_size) {
+  self->exchange = nullptr;  // until every transfer has started
   // Every transfer checked before any starts.
   std::vector<int>& sizes = self->transfer_sizes;
   sizes.resize(count);
@@ -180,6 +181,8 @@ void forget_sent_notices(nodal_internode* self) {
 
 int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   *done = 0;
+  nodal_internode_transfer* transfers = self->exchange;
+  self->exchange = nullptr;  // written to only below, once the exchange is done without error
   self->statuses.resize(self->in_flight.size());
   const int code = MPI_Testall(static_cast<int>(self->in_flight.size()), self->in_flight.data(), done, self->statuses.data());
   if (code == MPI_ERR_IN_STATUS) {  // say which transfer failed and how (e.g. MPI_ERR_TRUNCATE)
@@ -191,9 +194,8 @@ int test(nodal_internode* self, int* done, char* error, size_t error_size) {
   }
   NODAL_MPI(code);
   forget_sent_notices(self);
-  if (*done && self->exchange != nullptr) {
-    nodal_internode_transfer* transfers = self->exchange;
-    self->exchange = nullptr;  // reported once
+  if (!*done) self->exchange = transfers;
+  if (*done && transfers != nullptr) {
     for (size_t i = 0; i < self->in_flight.size(); ++i) {
       nodal_internode_transfer& t = transfers[i];
       if (t.kind == NODAL_INTERNODE_SEND) continue;
