@@ -183,6 +183,9 @@ void P2PRelay::on_notice(int from_node, std::string_view notice) {
       ch.sent.store(step_flag(p.message, 0), std::memory_order_release);
       p.state = Pair::State::finishing;
     } else {
+      // A message of one chunk is sent without waiting for "clear to send" (into entry 0, free
+      // since the last message's fin): its receive goes at once and completes whatever D says.
+      if (p.chunks == 1) post_chunk_receive(p);
       ch.offered.store(p.message, std::memory_order_release);
       p.state = Pair::State::offered;
     }
@@ -198,9 +201,6 @@ void P2PRelay::on_notice(int from_node, std::string_view notice) {
   switch (c.kind) {
     case kClear:
       p.state = Pair::State::streaming;
-      p.posted = p.completed = 0;
-      p.early.clear();
-      p.fin = false;
       break;
     case kNack:
       p.state = Pair::State::broken;
@@ -223,13 +223,15 @@ void P2PRelay::progress_outbound(Pair& p) {
     if (ch.offered.load(std::memory_order_acquire) < m) return;
     const std::uint64_t bytes = ch.bytes;
     const bool inlined = bytes <= kInlineBytes;
-    // Inline data goes once the rank has staged it (right after its header).
+    // Inline data rides in the notice, once the rank has staged it (right after its header).
     if (inlined && ch.sent.load(std::memory_order_acquire) < step_flag(m, 0)) return;
     p.message = m;
     p.bytes = bytes;
     p.chunks = detail::p2p_chunks(bytes);
     p.inlined = inlined;
     p.fin = false;
+    p.posted = p.completed = 0;
+    p.early.clear();
     Control c = Control::make(kHeader);
     c.dtype = static_cast<std::uint8_t>(ch.dtype);
     c.inlined = inlined ? 1 : 0;
@@ -248,16 +250,19 @@ void P2PRelay::progress_outbound(Pair& p) {
     engine_.send_notice(p.peer_node, notice);
     ++activity_;
     p.state = Pair::State::offered;
-    return;
+  }
+  // A message of one chunk goes as soon as the rank has staged it, clear to send or not, and
+  // after a "nack" too: D's agent receives it whatever D says. Longer ones once D has accepted
+  // (sending their chunk 0 early too was 0.83-0.96x at 512 KiB-1 MiB on 2 x 2 ranks).
+  if ((p.state == Pair::State::offered || p.state == Pair::State::broken) && p.chunks == 1 && !p.inlined &&
+      p.posted == 0 &&
+      ch.sent.load(std::memory_order_acquire) >= step_flag(p.message, 0)) {
+    post_chunk_send(p);
   }
   if (p.state != Pair::State::streaming) return;
   while (!p.inlined && p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
          ch.sent.load(std::memory_order_acquire) >= step_flag(p.message, p.posted)) {
-    const std::uint64_t cookie = next_cookie_++;
-    operations_[cookie] = {&p, p.posted};
-    engine_.p2p_isend(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
-    ++activity_;
-    ++p.posted;
+    post_chunk_send(p);
   }
   // Done once every chunk has left and the receiver's agent says the rank has it all.
   if (p.fin && (p.inlined || p.completed == p.chunks)) {
@@ -283,11 +288,7 @@ void P2PRelay::progress_inbound(Pair& p) {
       while (p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
              (p.posted < detail::kP2PDepth ||
               ch.acked.load(std::memory_order_acquire) >= step_flag(p.message, p.posted - detail::kP2PDepth))) {
-        const std::uint64_t cookie = next_cookie_++;
-        operations_[cookie] = {&p, p.posted};
-        engine_.p2p_irecv(p.peer_node, p.wire, ch.entry(p.posted), p.chunk_bytes(p.posted), cookie);
-        ++activity_;
-        ++p.posted;
+        post_chunk_receive(p);
       }
       if (p.completed == p.chunks) p.state = Pair::State::finishing;
       [[fallthrough]];
@@ -304,6 +305,22 @@ void P2PRelay::progress_inbound(Pair& p) {
       return;
     default: return;
   }
+}
+
+void P2PRelay::post_chunk_send(Pair& p) {
+  const std::uint64_t cookie = next_cookie_++;
+  operations_[cookie] = {&p, p.posted};
+  engine_.p2p_isend(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
+  ++activity_;
+  ++p.posted;
+}
+
+void P2PRelay::post_chunk_receive(Pair& p) {
+  const std::uint64_t cookie = next_cookie_++;
+  operations_[cookie] = {&p, p.posted};
+  engine_.p2p_irecv(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
+  ++activity_;
+  ++p.posted;
 }
 
 void P2PRelay::complete(std::uint64_t cookie) {
