@@ -337,6 +337,21 @@ TEST(MultiNode, SendRecvAcrossNodesAsOnOneNode) {
   }
 }
 
+TEST(MultiNode, ARefusedOneChunkMessageAsTheLastCallEndsTheJobCleanly) {
+  // The message crossed nodes before its receiver refused it (p2p_relay.hpp): when the ranks end
+  // right after, the agents still finish moving it, and the job ends with nothing in flight.
+  const auto start = std::chrono::steady_clock::now();
+  ChildResult r = run_job(loopback(2, 1, {NODAL_TEST_MULTINODE_PROGRAM, "p2p_refused_last"}), {}, 60s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank : {0, 1}) {
+    const std::string expected = "rank " + std::to_string(rank) + ": refused: ";
+    EXPECT_NE(r.out.find(expected), std::string::npos) << "missing: " << expected << "\n" << r.out;
+  }
+  EXPECT_EQ(r.err.find("did not release"), std::string::npos) << r.err;
+  EXPECT_LT(seconds, 20) << r.out << r.err;
+}
+
 TEST(MultiNode, GroupsAndSendRecvWithinANodeWork) {
   for (auto [nodes, ranks] : {std::pair{2, 2}, std::pair{2, 3}}) {
     SCOPED_TRACE(std::to_string(nodes) + " nodes x " + std::to_string(ranks) + " ranks");

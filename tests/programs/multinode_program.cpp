@@ -1,6 +1,6 @@
 // The rank program of the multi-node tests (tests/integration/multinode_test.cpp): nodalrun runs
 // it on each "node" under mpirun. MODE: env | kill VICTIM | p2p_kill VICTIM | p2p_threads | mismatch |
-// float_mode | local_groups | loop.
+// float_mode | local_groups | loop | p2p_refused_last.
 #include <nodal/communicator.hpp>
 #include <nodal/detail/float_mode.hpp>
 #include <nodal/errors.hpp>
@@ -299,6 +299,23 @@ int local_groups_mode(const nodal::Context& ctx) {
   return failures == 0 ? 0 : 1;
 }
 
+/// The last rank sends 200 KiB of f32 to rank 0, which receives i32: a one-chunk message (above
+/// Open MPI's 64 KiB eager limit over TCP, so its send completes only once received), which
+/// crosses nodes beside its header before rank 0 refuses it. Both ranks catch the UsageError and
+/// end at once: the agents must still drain the message, so that the job ends cleanly.
+int p2p_refused_last_mode(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int last = ctx.world_size() - 1;
+  std::vector<float> message(51200, 1.0F);
+  try {
+    if (ctx.rank() == last) world.send(message.data(), message.size(), DType::f32, 0);
+    if (ctx.rank() == 0) world.recv(message.data(), message.size(), DType::i32, last);
+  } catch (const nodal::UsageError& e) {
+    std::printf("rank %d: refused: %s\n", ctx.rank(), e.what());
+  }
+  return 0;
+}
+
 /// Allreduces until PeerFailure (a node lost), reporting it.
 int loop_mode(const nodal::Context& ctx) {
   nodal::Communicator world = ctx.world();
@@ -335,6 +352,7 @@ int main(int argc, char** argv) {
   if (mode == "float_mode") return float_mode_mode(ctx);
   if (mode == "local_groups") return local_groups_mode(ctx);
   if (mode == "loop") return loop_mode(ctx);
+  if (mode == "p2p_refused_last") return p2p_refused_last_mode(ctx);
   std::fprintf(stderr, "multinode_program: unknown mode '%s'\n", mode.c_str());
   return 64;
 }

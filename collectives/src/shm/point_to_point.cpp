@@ -188,7 +188,7 @@ void recv_message(CommState& comm, void* output, std::size_t count, DType dtype,
                                  count, dtype_name(dtype), tag, peer, comm.name, sent, dtype_name(sent_dtype),
                                  sent_tag));
   }
-  // Across nodes the agent moves no data before this.
+  // Across nodes the agent moves no data before this, but a one-chunk message into the ring.
   ch.accepted.store(message, std::memory_order_release);
   const std::size_t total = count * element_size(dtype);
   const std::uint64_t steps = p2p_chunks(total);

@@ -70,6 +70,9 @@ constexpr auto kHotWait = std::chrono::microseconds(500);
 // small message across 2 namespace nodes went from 104-213 us to 63-92 us (2026-11-27). Past this
 // long without a message, the agent naps again, leaving the cores to the ranks.
 constexpr auto kP2PHot = std::chrono::milliseconds(2);
+/// How long the agent, once its ranks are done, goes on moving a refused one-chunk message
+/// (p2p_relay.hpp) into the other node's ring, so that nothing is in flight when the job ends.
+constexpr auto kP2PDrain = std::chrono::seconds(5);
 
 std::string host_name() {
   char name[64] = {};
@@ -623,11 +626,26 @@ bool NodeAgent::p2p_hot() const { return relay_ && SteadyClock::now() < p2p_hot_
 void NodeAgent::end_p2p(bool ranks_done) {
   if (!relay_) return;
   // A rank that received a message's last chunk may have exited before the agent told the
-  // sender's node: its acks are final now, and the answer still goes.
-  if (ranks_done) relay_->progress();
+  // sender's node: its acks are final now, and the answer still goes. A one-chunk message that
+  // its receiver refused still crosses into the receiver's ring (p2p_relay.hpp): both agents go
+  // on until it has, the other node's agent being in its steps or here.
+  if (ranks_done) {
+    relay_->progress();
+    const auto deadline = SteadyClock::now() + kP2PDrain;
+    while (relay_->in_flight() && SteadyClock::now() < deadline) {
+      poll();
+      {
+        std::lock_guard lock(mutex_);
+        if (remote_) break;
+      }
+      std::this_thread::yield();
+      relay_->progress();
+    }
+  }
   if (!relay_->cancel()) {
     // Only when the job failed mid-message (after a clean run nothing is in flight: every send
-    // is a rendezvous); the launcher's abort follows.
+    // is a rendezvous, and a refused one-chunk message is drained above); the launcher's abort
+    // follows.
     detail::write_all(STDERR_FILENO, "nodalrun: the MPI engine did not release send/recv buffers in the arena when "
                                      "cancelled\n");
   }

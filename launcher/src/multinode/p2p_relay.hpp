@@ -13,9 +13,11 @@
 //     posts the receive of a one-chunk message into D's ring (free since the last message's fin)
 //     and publishes `offered` (and chunk 0, inline). D checks it as on one node: `accepted`, or
 //     `broken` (a mismatch).
-//  3. D's agent answers: "clear to send" on `accepted` (a message of several chunks), "nack" on `broken`,
+//  3. D's agent answers: "clear to send" on `accepted` (the chunks after 0 may go), "nack" on `broken`,
 //     "fin" once D has acked the last chunk. On "nack" S's agent sets S's `broken`: both ranks
-//     throw the one-node UsageError and the direction stays unusable.
+//     throw the one-node UsageError and the direction stays unusable. A one-chunk message sent
+//     before the "nack" is still received into D's ring (drained, also at the job's end:
+//     NodeAgent::end_p2p).
 //  4. Chunks go straight from S's ring to D's ring through the engine (MPI_Isend / MPI_Irecv on
 //     the channel's own tag, numbered by S's agent), kP2PDepth in flight: S's agent acks chunk i
 //     (freeing S's entry) when its send has completed, D's agent posts the receive of chunk i
@@ -25,8 +27,9 @@
 //
 // Nothing is copied in the agent but inline data; before the receiver accepted the header only
 // a message of one chunk moves (inline, or sent beside the header), into the receiver's ring, not
-// its buffer: one round trip between the nodes fewer (64-256 KiB ping-pong 1.3-1.5x faster). Every call is non-blocking and runs on the agent's thread, between its collective steps
-// and while one is in flight (node_agent.cpp). When the job fails the ranks' waits end in
+// its buffer: one round trip between the nodes fewer (64-256 KiB ping-pong 1.24-1.60x faster,
+// bench/results/2026-11-28-p2p-one-chunk.md). Every call is non-blocking and runs on the agent's
+// thread, between its collective steps and while one is in flight (node_agent.cpp). When the job fails the ranks' waits end in
 // PeerFailure as for any call; cancel() lets go of the arena memory the engine holds.
 #pragma once
 
@@ -72,6 +75,8 @@ class P2PRelay {
   /// A count that grows each time a message moves (a notice arrives or is sent, a chunk is posted
   /// or completes): the agent stays hot (yields rather than naps) for a while after it grows.
   std::uint64_t activity() const { return activity_; }
+  /// Whether chunks given to the engine have not completed yet.
+  bool in_flight() const { return !operations_.empty(); }
   /// The job is ending: cancels the engine's operations so it holds no arena memory. False when
   /// the engine may still hold some.
   bool cancel();
