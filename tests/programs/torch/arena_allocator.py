@@ -17,6 +17,7 @@ Any failed check raises, which fails the job.
 import argparse
 import gc
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -28,8 +29,14 @@ parser.add_argument("--env")
 args = parser.parse_args()
 
 if args.env is not None:
+    # A FileStore, not env://'s TCPStore, whose server lives in rank 0: with a refused value rank 0
+    # can raise and exit before the other rank has connected, which then retries for
+    # init_process_group's 30 minutes (as tests/programs/torch/wrong_rank.py found). The file is
+    # the ranks' parent's (nodalrun's) alone.
+    store = os.path.join(tempfile.gettempdir(), f"nodal-arena-env-{os.getppid()}")
     try:
-        dist.init_process_group("nodal")
+        dist.init_process_group("nodal", init_method=f"file://{store}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     except RuntimeError as e:
         print(f"env refused: {e}", flush=True)
         raise SystemExit(0)
