@@ -146,11 +146,10 @@ class Call {
     std::size_t lines = c_.config.chunk_bytes / kCacheLine / blocks;
     return (lines > 1 ? lines : 1) * kCacheLine / esize_;
   }
-  /// Elements per step of a staged call (not in place) whose ring entry holds up to `most` of the
-  /// message (elements, whole cache lines) per step: the
-  /// message in equal steps of whole cache lines, and, while every rank has a core of its own, at
-  /// least two steps from kTwoStepMinBytes, so the consumers copy one step out while the producer
-  /// stages the next. On 2 ranks, a 1 MiB broadcast in one step (the default 1 MiB chunk) took
+  /// Elements per step of a staged call (not in place) whose ring entry holds up to `most`
+  /// elements of the message per step (whole cache lines): the message in equal steps of whole
+  /// cache lines and, while every rank has a core of its own, at least two from kTwoStepMinBytes,
+  /// so that the consumers copy one step out while the producer stages the next. On 2 ranks, a 1 MiB broadcast in one step (the default 1 MiB chunk) took
   /// 118-133 us, in two 63-70 us; when ranks share cores nothing overlaps (4 ranks on 2 cores:
   /// allreduce 0.93-0.97x in two steps). Figures: bench/results/2026-11-28-two-step-pipeline.md.
   std::size_t pipeline_step(std::size_t most) const {

@@ -28,7 +28,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     return !rooted_consumer || j == call_.root;
   };
   // Where in producer p's ring entry consumer q's slice goes. scatter's root stages a slice for
-  // every other rank, its own block never (2 ranks: whole-entry slices, 1.13-1.20x at 2-4 MiB);
+  // every other rank, its own block never (2 ranks: whole-entry slices, 1.07-1.2x at 1-4 MiB);
   // alltoall keeps a slot per rank, its own unused: its half-entry slices beat whole ones on
   // 2 ranks at 2-8 MiB (whole ones 0.65-0.85x; bench/results/2026-11-28-two-step-pipeline.md).
   const bool skip_own_slot = kind == CollKind::scatter;

@@ -185,7 +185,7 @@ void P2PRelay::on_notice(int from_node, std::string_view notice) {
     } else {
       // A message of one chunk is sent without waiting for "clear to send" (into entry 0, free
       // since the last message's fin): its receive goes at once and completes whatever D says.
-      if (p.chunks == 1) post_chunk_receive(p);
+      if (p.chunks == 1) post_chunk(p);
       ch.offered.store(p.message, std::memory_order_release);
       p.state = Pair::State::offered;
     }
@@ -257,12 +257,12 @@ void P2PRelay::progress_outbound(Pair& p) {
   if ((p.state == Pair::State::offered || p.state == Pair::State::broken) && p.chunks == 1 && !p.inlined &&
       p.posted == 0 &&
       ch.sent.load(std::memory_order_acquire) >= step_flag(p.message, 0)) {
-    post_chunk_send(p);
+    post_chunk(p);
   }
   if (p.state != Pair::State::streaming) return;
   while (!p.inlined && p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
          ch.sent.load(std::memory_order_acquire) >= step_flag(p.message, p.posted)) {
-    post_chunk_send(p);
+    post_chunk(p);
   }
   // Done once every chunk has left and the receiver's agent says the rank has it all.
   if (p.fin && (p.inlined || p.completed == p.chunks)) {
@@ -288,7 +288,7 @@ void P2PRelay::progress_inbound(Pair& p) {
       while (p.posted < p.chunks && p.posted - p.completed < detail::kP2PDepth &&
              (p.posted < detail::kP2PDepth ||
               ch.acked.load(std::memory_order_acquire) >= step_flag(p.message, p.posted - detail::kP2PDepth))) {
-        post_chunk_receive(p);
+        post_chunk(p);
       }
       if (p.completed == p.chunks) p.state = Pair::State::finishing;
       [[fallthrough]];
@@ -307,18 +307,14 @@ void P2PRelay::progress_inbound(Pair& p) {
   }
 }
 
-void P2PRelay::post_chunk_send(Pair& p) {
+void P2PRelay::post_chunk(Pair& p) {
   const std::uint64_t cookie = next_cookie_++;
   operations_[cookie] = {&p, p.posted};
-  engine_.p2p_isend(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
-  ++activity_;
-  ++p.posted;
-}
-
-void P2PRelay::post_chunk_receive(Pair& p) {
-  const std::uint64_t cookie = next_cookie_++;
-  operations_[cookie] = {&p, p.posted};
-  engine_.p2p_irecv(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
+  if (p.outbound) {
+    engine_.p2p_isend(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
+  } else {
+    engine_.p2p_irecv(p.peer_node, p.wire, p.ch->entry(p.posted), p.chunk_bytes(p.posted), cookie);
+  }
   ++activity_;
   ++p.posted;
 }

@@ -88,8 +88,7 @@ class P2PRelay {
   void progress_outbound(Pair& p);
   void progress_inbound(Pair& p);
   /// Starts sending (outbound) or receiving (inbound) chunk p.posted of p's message.
-  void post_chunk_send(Pair& p);
-  void post_chunk_receive(Pair& p);
+  void post_chunk(Pair& p);
   void reply(const Pair& p, std::uint8_t kind);
   void complete(std::uint64_t cookie);
   int node_of(int rank) const;
