@@ -371,19 +371,20 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   return *c.gpu;
 }
 
-void run_here(detail::CommState& c, CollCall call, Device device);
+void run_here(detail::CommState& c, const CollCall& call, Device device);
 
 /// Runs a checked call: on the shared-memory path, or (on_gpu) agreement there and the data on
 /// the GPU backend; on the progress thread when the communicator has one.
-void run(detail::CommState& c, CollCall call, Device device) {
+void run(detail::CommState& c, const CollCall& call, Device device) {
   if (!c.worker || c.worker->on_this_thread() || c.worker->idle()) return run_here(c, call, device);
   in_call_order(c, detail::coll_kind_name(call.kind),
                 [state = c.shared_from_this(), call, device] { run_here(*state, call, device); });
 }
 
-void run_here(detail::CommState& c, CollCall call, Device device) {
-  if (device.kind == Device::Kind::cpu) return detail::run_collective(c, call);
+void run_here(detail::CommState& c, const CollCall& cpu_call, Device device) {
+  if (device.kind == Device::Kind::cpu) return detail::run_collective(c, cpu_call);
   refuse_after_finalize(c);  // before the agreement: peers would wait for this rank's GPU part
+  CollCall call = cpu_call;
   call.on_gpu = true;
   detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
   detail::GpuBackend& gpu = gpu_backend(c, device.index);

@@ -23,11 +23,14 @@ Forced parse_forced(const char* variable) {
   throw UsageError(fmt::format("{}='{}': use auto, small, pipelined or in_place", variable, value));
 }
 
-/// NODAL_ALLREDUCE_ALGO for allreduce, else NODAL_ALGO (read once).
+/// NODAL_ALLREDUCE_ALGO for allreduce, else NODAL_ALGO (read once: one guard on every call).
 Forced forced_algorithm(CollKind kind) {
-  static const Forced all = parse_forced("NODAL_ALGO");
-  static const Forced allreduce = parse_forced("NODAL_ALLREDUCE_ALGO");
-  return kind == CollKind::allreduce && allreduce != Forced::none ? allreduce : all;
+  struct Both {
+    Forced all = parse_forced("NODAL_ALGO");
+    Forced allreduce = parse_forced("NODAL_ALLREDUCE_ALGO");
+  };
+  static const Both forced;
+  return kind == CollKind::allreduce && forced.allreduce != Forced::none ? forced.allreduce : forced.all;
 }
 
 /// What a call of `kind` beyond the small path takes, in words.
@@ -54,11 +57,6 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
 
 }  // namespace
 
-bool is_rooted(CollKind kind) noexcept {
-  return kind == CollKind::broadcast || kind == CollKind::scatter || kind == CollKind::gather ||
-         kind == CollKind::reduce;
-}
-
 const char* algorithm_name(Algorithm algorithm) noexcept {
   switch (algorithm) {
     case Algorithm::small: return "small";
@@ -67,11 +65,6 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
     case Algorithm::cma: return "cma";
   }
   return "?";
-}
-
-bool is_reduction(CollKind kind) noexcept {
-  return kind == CollKind::allreduce || kind == CollKind::reduce || kind == CollKind::reduce_scatter ||
-         kind == CollKind::reduce_scatterv;
 }
 
 bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const CommConfig& config) {

@@ -35,11 +35,17 @@ enum class Algorithm { small, pipelined, in_place, cma };
 const char* algorithm_name(Algorithm algorithm) noexcept;
 
 /// Whether a small call of `kind` is one-directional (broadcast, scatter, gather, reduce: its
-/// senders post and return; shm/call.hpp "Rooted small calls").
-bool is_rooted(CollKind kind) noexcept;
+/// senders post and return; shm/call.hpp "Rooted small calls"). Inline: every call asks.
+inline bool is_rooted(CollKind kind) noexcept {
+  return kind == CollKind::broadcast || kind == CollKind::scatter || kind == CollKind::gather ||
+         kind == CollKind::reduce;
+}
 
 /// Whether `kind` combines values (allreduce, reduce, reduce_scatter, reduce_scatterv).
-bool is_reduction(CollKind kind) noexcept;
+inline bool is_reduction(CollKind kind) noexcept {
+  return kind == CollKind::allreduce || kind == CollKind::reduce || kind == CollKind::reduce_scatter ||
+         kind == CollKind::reduce_scatterv;
+}
 
 /// Whether a call takes the small path: not on cuda tensors, its largest per-rank slot contribution
 /// (`largest_bytes`) fits a slot, and no override forbids it. Throws UsageError for a malformed

@@ -19,11 +19,10 @@
 namespace nodal::detail {
 namespace {
 
-/// The largest slot contribution of any rank: the same number on every rank.
+/// The largest slot contribution of any rank: the same number on every rank. Only a root's
+/// differs from the others' (contribution_bytes), and it is the largest.
 std::size_t largest_contribution(const CollCall& call, int world_size) {
-  std::size_t most = 0;
-  for (int r = 0; r < world_size; ++r) most = std::max(most, contribution_bytes(call, world_size, r));
-  return most;
+  return contribution_bytes(call, world_size, call.root >= 0 ? call.root : 0);
 }
 
 /// The two headers describe the same call (the v-variants' own counts differ by design:
@@ -33,12 +32,14 @@ bool same_call(const CallHeader& a, const CallHeader& b) {
          a.on_gpu == b.on_gpu && (!is_reduction(a.kind) || a.op == b.op);
 }
 
-/// `history` extended by the call `h` describes (splitmix64's finaliser, folded to 32 bits).
-std::uint32_t with_call(std::uint32_t history, const CallHeader& h) {
-  std::uint64_t x = static_cast<std::uint64_t>(h.kind) | static_cast<std::uint64_t>(h.dtype) << 8 |
-                    static_cast<std::uint64_t>(is_reduction(h.kind) ? h.op : ReduceOp::sum) << 16 |
-                    static_cast<std::uint64_t>(h.on_gpu) << 24 | static_cast<std::uint64_t>(static_cast<std::uint32_t>(h.root)) << 32;
-  x ^= (is_vector(h.kind) ? 0 : h.count) * 0x9e3779b97f4a7c15ULL;
+/// `history` extended by `call` (what its header says: kind, dtype, op where it reduces, root,
+/// count but a v-variant's, on_gpu), folded to 32 bits (splitmix64's finaliser). From the call,
+/// not its header in shared memory: the same values, read where they are cheapest.
+std::uint32_t with_call(std::uint32_t history, const CollCall& call) {
+  std::uint64_t x = static_cast<std::uint64_t>(call.kind) | static_cast<std::uint64_t>(call.dtype) << 8 |
+                    static_cast<std::uint64_t>(is_reduction(call.kind) ? call.op : ReduceOp::sum) << 16 |
+                    static_cast<std::uint64_t>(call.on_gpu) << 24 | static_cast<std::uint64_t>(static_cast<std::uint32_t>(call.root)) << 32;
+  x ^= (is_vector(call.kind) ? 0 : call.count) * 0x9e3779b97f4a7c15ULL;
   x ^= static_cast<std::uint64_t>(history) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -295,7 +296,7 @@ void Call::run_rooted_small() {
     publish_header(true, true);
     // Scatter's root still keeps its own block.
     if (call_.kind == CollKind::scatter && call_.count != 0) run_small();
-    c_.history = with_call(c_.history, c_.header(r_, seq_));
+    c_.history = with_call(c_.history, call_);
     return;
   }
   // A receiver's header is read only when the call does not match (then throw_mismatch wakes the
@@ -304,8 +305,16 @@ void Call::run_rooted_small() {
   const int differs = await_headers(toward_root ? -1 : call_.root);
   if (differs >= 0) throw_mismatch(differs);
   if (call_.count != 0) run_small();
-  c_.history = with_call(c_.history, c_.header(r_, seq_));
+  c_.history = with_call(c_.history, call_);
   publish_done();
+  prefetch_next_slots();
+}
+
+void Call::prefetch_next_slots() const {
+  const bool toward_root = call_.kind == CollKind::gather || call_.kind == CollKind::reduce;
+  for (int j = 0; j < n_; ++j) {
+    if (j != r_ && (toward_root || j == call_.root)) __builtin_prefetch(&c_.header(j, seq_ + 1), 0);
+  }
 }
 
 bool Call::all_in_arena() const {

@@ -95,6 +95,12 @@ class Call {
   [[noreturn]] void throw_mismatch(int j);
   void run_lockstep(bool small);
   void run_rooted_small();
+  /// A receiver of a rooted small call: starts fetching the first line of the slots it reads at
+  /// its next call, which its senders (running ahead on credit) have usually written by then, so
+  /// that the line crosses between cores while this rank returns and makes that call. On 2 ranks,
+  /// reduce and gather at 4-64 B 1.04-1.17x (bench/results/2026-11-28-small-call-path.md); the
+  /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x.
+  void prefetch_next_slots() const;
   bool all_in_arena() const;
   /// Whether every rank's input is its output (read from the headers: the same on every rank).
   bool all_in_place() const;

@@ -114,11 +114,6 @@ void check_vector_counts(const CommState& c, const CollCall& call, const std::fu
   }
 }
 
-bool is_vector(CollKind kind) noexcept {
-  return kind == CollKind::allgatherv || kind == CollKind::gatherv || kind == CollKind::scatterv ||
-         kind == CollKind::alltoallv || kind == CollKind::reduce_scatterv;
-}
-
 std::uint64_t stage_vector_call(CommState& c, const CollCall& call, std::uint64_t seq) {
   const std::size_t esize = element_size(call.dtype);
   const std::size_t data_bytes = staged_elements(c, call) * esize;

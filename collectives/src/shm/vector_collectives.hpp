@@ -18,7 +18,12 @@
 
 namespace nodal::detail {
 
-bool is_vector(CollKind kind) noexcept;
+/// Whether `kind` is a v-variant (allgatherv, gatherv, scatterv, alltoallv, reduce_scatterv).
+/// Inline: every call asks.
+inline bool is_vector(CollKind kind) noexcept {
+  return kind == CollKind::allgatherv || kind == CollKind::gatherv || kind == CollKind::scatterv ||
+         kind == CollKind::alltoallv || kind == CollKind::reduce_scatterv;
+}
 
 /// Rank j's counts of a v-variant call as the checks read them: its own count (the public call's
 /// `count`; its receive total for reduce_scatterv), and its counts and recv_counts tables (world_size
