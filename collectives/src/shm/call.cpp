@@ -19,12 +19,6 @@
 namespace nodal::detail {
 namespace {
 
-/// The largest slot contribution of any rank: the same number on every rank. Only a root's
-/// differs from the others' (contribution_bytes), and it is the largest.
-std::size_t largest_contribution(const CollCall& call, int world_size) {
-  return contribution_bytes(call, world_size, call.root >= 0 ? call.root : 0);
-}
-
 /// The two headers describe the same call (the v-variants' own counts differ by design:
 /// finish_vector_call checks them against each other).
 bool same_call(const CallHeader& a, const CallHeader& b) {
@@ -95,7 +89,12 @@ void Call::run() {
   check_job_alive();
   seq_ = c_.seq + 1;
   const bool vector = is_vector(call_.kind);
-  const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest_contribution(call_, n_), c_.config);
+  // Whether the call is small goes by the largest slot contribution of any rank (the same on every
+  // rank): only a root's differs from the others' (contribution_bytes), and it is the largest.
+  contribution_ = contribution_bytes(call_, n_, r_);
+  const std::size_t largest =
+      call_.root >= 0 && call_.root != r_ ? contribution_bytes(call_, n_, call_.root) : contribution_;
+  const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest, c_.config);
   await_credit(vector ? 2 : c_.slot_depth);
   // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
   if (vector) staged_ = stage_vector_call(c_, call_, seq_);
@@ -144,10 +143,7 @@ void Call::await_credit(std::uint64_t depth) {
 
 void Call::publish_header(bool small, bool wake) {
   CallHeader& h = c_.header(r_, seq_);
-  if (small) {
-    std::size_t n = contribution_bytes(call_, n_, r_);
-    if (n != 0) std::memcpy(c_.inline_data(r_, seq_), call_.input, n);
-  }
+  if (small && contribution_ != 0) std::memcpy(c_.inline_data(r_, seq_), call_.input, contribution_);
   h.kind = call_.kind;
   h.dtype = call_.dtype;
   h.op = call_.op;

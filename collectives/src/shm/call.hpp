@@ -57,14 +57,18 @@ constexpr std::size_t kTwoStepMinBytes = 256 * 1024;
 /// Room for the per-peer source pointers of a reduction without a heap allocation per call.
 class Sources {
  public:
-  explicit Sources(int n) : heap_(n > kInline ? static_cast<std::size_t>(n) : 0) {}
-  const void*& operator[](int j) { return heap_.empty() ? inline_[j] : heap_[j]; }
-  const void* const* data() const { return heap_.empty() ? inline_ : heap_.data(); }
+  explicit Sources(int n)
+      : heap_(n > kInline ? static_cast<std::size_t>(n) : 0), at_(heap_.empty() ? inline_ : heap_.data()) {}
+  Sources(const Sources&) = delete;
+  Sources& operator=(const Sources&) = delete;
+  const void*& operator[](int j) { return at_[j]; }
+  const void* const* data() const { return at_; }
 
  private:
   static constexpr int kInline = 64;
   const void* inline_[kInline];
   std::vector<const void*> heap_;
+  const void** at_;  ///< inline_ or heap_'s
 };
 
 
@@ -171,6 +175,7 @@ class Call {
   const int r_;
   const std::size_t esize_;
   std::uint64_t seq_ = 0;
+  std::size_t contribution_ = 0;  ///< what this rank puts in its slot on the small path (contribution_bytes)
   std::uint64_t staged_ = 0;  ///< v-variants: the arena offset of this rank's staged counts and data
   std::uint64_t credit_need_ = 0;  ///< while waiting for credit: the call every peer must finish
 };
