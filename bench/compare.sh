@@ -28,7 +28,8 @@
 #
 # Writes into BUILD_DIR/bench/: collectives.csv (medians, nodal-bench's columns), collectives.md
 # (tables per op and ranks, the targets, the machine), collectives.png (algbw against size),
-# collectives.raw.csv (every row, with its round) and collectives.log (the programs' output).
+# collectives.raw.csv (every row, with its round), collectives.placement.csv (the core-to-core
+# latency before and after each run) and collectives.log (the programs' output).
 # Needs the Debian packages of scripts/setup-debian.sh (openmpi-bin libopenmpi-dev mpich
 # libmpich-dev libgloo-dev gnuplot-nox python3).
 set -euo pipefail
@@ -87,6 +88,7 @@ fi
 build=$(realpath "$build")
 nodalrun=$build/launcher/nodalrun
 nodal_bench=$build/bench/nodal-bench
+core_latency=$build/bench/core-latency
 peers=$build/bench/peers
 out=$build/bench
 mkdir -p "$peers"
@@ -130,6 +132,13 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 bytes_of() { python3 -c 'import sys; s=sys.argv[1]; u={"K":1<<10,"M":1<<20,"G":1<<30}; s=s.rstrip("B").rstrip("i"); print(int(s[:-1])*u[s[-1]] if s[-1] in u else int(s))' "$1"; }
 max_bytes_n=$(bytes_of "$max_bytes")
 
+# The placement of the two vCPUs (see above), read before and after every run: "near" when both
+# readings of bench/core-latency are under 0.1 us. One line per run in $placement; the report's
+# header counts the near runs of each lib.
+placement=$out/collectives.placement.csv
+echo "round,lib,op,ranks,before_us,after_us" >"$placement"
+core_to_core() { "$core_latency" --quiet --round-trips 100000 2>/dev/null || echo nan; }
+
 # run_one ROUND LIB RANKS OP: one program run; appends its rows, with the round, to $raw.
 failures=0
 run_one() {
@@ -160,11 +169,13 @@ run_one() {
   esac
   rm -f "$csv"
   echo "== round $round, $lib, $n ranks, $op: ${cmd[*]}" >>"$log"
-  local start=$SECONDS
+  local start=$SECONDS before
+  before=$(core_to_core)
   if ! timeout -k 10 600 "${cmd[@]}" >>"$log" 2>&1; then
     echo "compare: $lib failed (round $round, $n ranks, $op); see $log" >&2
     failures=$((failures + 1))
   fi
+  echo "$round,$lib,$op,$n,$before,$(core_to_core)" >>"$placement"
   echo "== took $((SECONDS - start)) s" >>"$log"
   [[ -f $csv ]] && sed "s/^/$round,/" "$csv" >>"$raw"
   return 0
@@ -198,6 +209,16 @@ version_of() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
   echo "rounds: $rounds; timing: $timing; sizes: $min_bytes..$max_bytes per rank; ranks: $ranks"
   echo "command: $command_line"
   echo "failed runs: $failures"
+  echo "placement: runs in the near placement (bench/core-latency under 0.1 us before and after; see $(basename "$placement")): $(
+    python3 -c 'import csv, sys, collections
+near, runs = collections.Counter(), collections.Counter()
+for r in csv.DictReader(open(sys.argv[1])):
+    runs[r["lib"]] += 1
+    try:
+        near[r["lib"]] += max(float(r["before_us"]), float(r["after_us"])) < 0.1
+    except ValueError:
+        pass
+print(", ".join(f"{lib} {near[lib]} of {runs[lib]}" for lib in runs))' "$placement")"
 } >"$meta"
 python3 bench/compare_report.py --raw "$raw" --meta "$meta" --out "$out/collectives"
 gnuplot "$out/collectives.gp"
