@@ -371,20 +371,30 @@ detail::GpuBackend& gpu_backend(detail::CommState& c, int device) {
   return *c.gpu;
 }
 
-void run_here(detail::CommState& c, const CollCall& call, Device device);
+void run_on_gpu(detail::CommState& c, CollCall call, Device device);
+void run_on_worker(detail::CommState& c, const CollCall& call, Device device);
 
-/// Runs a checked call: on the shared-memory path, or (on_gpu) agreement there and the data on
-/// the GPU backend; on the progress thread when the communicator has one.
-void run(detail::CommState& c, const CollCall& call, Device device) {
+/// Runs a checked call here: on the shared-memory path, or (on_gpu) agreement there and the data
+/// on the GPU backend.
+inline void run_here(detail::CommState& c, const CollCall& call, Device device) {
+  if (device.kind == Device::Kind::cpu) return detail::run_collective(c, call);
+  run_on_gpu(c, call, device);
+}
+
+/// Runs a checked call, on the progress thread when the communicator has one. Small and inline:
+/// a small call's whole cost is code like this (bench/results/2026-11-28-small-call-path.md).
+inline void run(detail::CommState& c, const CollCall& call, Device device) {
   if (!c.worker || c.worker->on_this_thread() || c.worker->idle()) return run_here(c, call, device);
+  run_on_worker(c, call, device);
+}
+
+[[gnu::noinline]] void run_on_worker(detail::CommState& c, const CollCall& call, Device device) {
   in_call_order(c, detail::coll_kind_name(call.kind),
                 [state = c.shared_from_this(), call, device] { run_here(*state, call, device); });
 }
 
-void run_here(detail::CommState& c, const CollCall& cpu_call, Device device) {
-  if (device.kind == Device::Kind::cpu) return detail::run_collective(c, cpu_call);
+[[gnu::noinline]] void run_on_gpu(detail::CommState& c, CollCall call, Device device) {
   refuse_after_finalize(c);  // before the agreement: peers would wait for this rank's GPU part
-  CollCall call = cpu_call;
   call.on_gpu = true;
   detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
   detail::GpuBackend& gpu = gpu_backend(c, device.index);
