@@ -4,19 +4,23 @@
 //   build/release/bench/core-latency --cpus 0,1 --round-trips 200000
 //
 // Two processes pinned to the two CPUs pass a counter back and forth through one shared cache
-// line each way (ping-pong, waiting with `pause` as nodal's ranks do); prints one line:
-// "one-way latency: X us" (half a round trip, the mean over --round-trips). On this project's VM
+// line each way (ping-pong, waiting with `pause` as nodal's ranks do); after 10000 untimed round
+// trips prints one line: "one-way latency: X us" (half a round trip, the mean over --round-trips).
+// Exits 1, saying why, when either CPU cannot be used. On this project's VM
 // the figure switches between ~0.05 us and ~0.2 us as the host moves the VM's CPUs (apart for
 // seconds at a time): small-message results taken in the two states differ by up to 2x, so
 // bench/results label runs by it (e.g. 2026-11-28-small-call-path.md). --quiet prints the number alone.
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -28,14 +32,16 @@ struct alignas(64) Line {
   std::atomic<long> value{0};
 };
 
-void pin(int cpu) {
+/// Round trips before the timed ones: both processes pinned, the lines in their caches.
+constexpr long kWarmUp = 10000;
+
+bool pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  if (::sched_setaffinity(0, sizeof set, &set) != 0) {
-    std::perror("core-latency: sched_setaffinity");
-    ::_exit(1);
-  }
+  if (::sched_setaffinity(0, sizeof set, &set) == 0) return true;
+  std::perror("core-latency: sched_setaffinity");
+  return false;
 }
 
 inline void relax() {
@@ -63,29 +69,48 @@ int main(int argc, char** argv) {
     std::perror("core-latency: mmap");
     return 1;
   }
-  auto* lines = new (page) Line[2];  // [0]: ping, [1]: pong
+  // [0]: ping, [1]: pong (the child's answer; -1: it could not pin itself and has exited).
+  auto* lines = new (page) Line[2];
+  const long total = kWarmUp + round_trips;
+  const pid_t parent = ::getpid();
   const pid_t child = ::fork();
   if (child < 0) {
     std::perror("core-latency: fork");
     return 1;
   }
   if (child == 0) {
-    pin(cpus[1]);
-    for (long i = 1; i <= round_trips; ++i) {
+    // Never outlive the parent (it may fail after the fork): a spinning orphan would take a core.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent || !pin(cpus[1])) {
+      lines[1].value.store(-1, std::memory_order_release);
+      ::_exit(1);
+    }
+    for (long i = 1; i <= total; ++i) {
       while (lines[0].value.load(std::memory_order_acquire) != i) relax();
       lines[1].value.store(i, std::memory_order_release);
     }
     ::_exit(0);
   }
-  pin(cpus[0]);
-  const auto start = std::chrono::steady_clock::now();
-  for (long i = 1; i <= round_trips; ++i) {
+  if (!pin(cpus[0])) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    return 1;
+  }
+  auto start = std::chrono::steady_clock::now();
+  for (long i = 1; i <= total; ++i) {
+    if (i == kWarmUp + 1) start = std::chrono::steady_clock::now();
     lines[0].value.store(i, std::memory_order_release);
-    while (lines[1].value.load(std::memory_order_acquire) != i) relax();
+    for (long seen; (seen = lines[1].value.load(std::memory_order_acquire)) != i;) {
+      if (seen < 0) {
+        std::fprintf(stderr, "core-latency: the second process could not run on CPU %d\n", cpus[1]);
+        ::waitpid(child, nullptr, 0);
+        return 1;
+      }
+      relax();
+    }
   }
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  ::waitpid(child, nullptr, 0);
   const double one_way = us / static_cast<double>(round_trips) / 2;
   if (quiet) {
     std::printf("%.3f\n", one_way);
