@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <nodal/detail/wait.hpp>
+
 #include <CLI/CLI.hpp>
 
 namespace {
@@ -42,14 +44,6 @@ bool pin(int cpu) {
   if (::sched_setaffinity(0, sizeof set, &set) == 0) return true;
   std::perror("core-latency: sched_setaffinity");
   return false;
-}
-
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 }  // namespace
@@ -86,7 +80,7 @@ int main(int argc, char** argv) {
       ::_exit(1);
     }
     for (long i = 1; i <= total; ++i) {
-      while (lines[0].value.load(std::memory_order_acquire) != i) relax();
+      while (lines[0].value.load(std::memory_order_acquire) != i) nodal::detail::cpu_relax();
       lines[1].value.store(i, std::memory_order_release);
     }
     ::_exit(0);
@@ -106,7 +100,7 @@ int main(int argc, char** argv) {
         ::waitpid(child, nullptr, 0);
         return 1;
       }
-      relax();
+      nodal::detail::cpu_relax();
     }
   }
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();

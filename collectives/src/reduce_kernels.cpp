@@ -116,17 +116,33 @@ void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, 
   }
   for (std::size_t base = 0; base < count; base += kTile) {
     const std::size_t len = std::min(kTile, count - base);
+    T* dst = out + base;
+    auto src = [&](int j) { return static_cast<const T*>(srcs_raw[j]) + base; };
+    if (n == 2 && !kAverage && !stream) {
+      // Two sources (every reduction on 2 ranks, the last step of a chain): one pass, no tile.
+      const T* a = src(0);
+      const T* b = src(1);
+      for (std::size_t k = 0; k < len; ++k) dst[k] = Conv::store(Op::apply(Conv::load(a[k]), Conv::load(b[k])));
+      continue;
+    }
     A acc[kTile];
-    const T* first = static_cast<const T*>(srcs_raw[0]) + base;
-    for (std::size_t k = 0; k < len; ++k) acc[k] = Conv::load(first[k]);
-    for (int j = 1; j < n; ++j) {
-      const T* src = static_cast<const T*>(srcs_raw[j]) + base;
-      for (std::size_t k = 0; k < len; ++k) acc[k] = Op::apply(acc[k], Conv::load(src[k]));
+    if (n >= 2) {
+      // The first two sources in one pass, the same operations as loading the first and folding
+      // in the second.
+      const T* a = src(0);
+      const T* b = src(1);
+      for (std::size_t k = 0; k < len; ++k) acc[k] = Op::apply(Conv::load(a[k]), Conv::load(b[k]));
+    } else {
+      const T* a = src(0);
+      for (std::size_t k = 0; k < len; ++k) acc[k] = Conv::load(a[k]);
+    }
+    for (int j = 2; j < n; ++j) {
+      const T* s = src(j);
+      for (std::size_t k = 0; k < len; ++k) acc[k] = Op::apply(acc[k], Conv::load(s[k]));
     }
     if constexpr (kAverage) {
       for (std::size_t k = 0; k < len; ++k) acc[k] = average(acc[k], n);
     }
-    T* dst = out + base;
     if (stream) {
       T tile[kTile];
       for (std::size_t k = 0; k < len; ++k) tile[k] = Conv::store(acc[k]);

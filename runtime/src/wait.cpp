@@ -32,14 +32,6 @@ constexpr std::uint32_t kCheckEvery = 256;
 /// job wakes every waiter within about this long.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 bool oversubscribed() noexcept {

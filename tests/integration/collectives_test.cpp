@@ -296,6 +296,36 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   }
 }
 
+TEST(Collectives, TwoRankReduceOfPrivateBuffersFoldsWhileThePeerStages) {
+  // The linear path (shm/linear_reduce.cpp): 2 ranks, each with a core (NODAL_CROWDED=0), private
+  // buffers, beyond cma's range up to 8 MiB. The root folds 16 KiB segments out of the peer's ring
+  // as they are staged: 300007 and 3000017 elements are many segments, the ring reused many times
+  // over, and a short last segment; roots alternate, the root's input is its output in the
+  // tensor/in variant. 3000017 f32 and i64 (12 and 24 MB) are pipelined. With NODAL_CMA=0 the
+  // linear path also takes 8209 f32, bf16 and i64 (32 KiB-64 KiB), where cma would.
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  const bool cma_allowed = !(yama && (yama >> scope) && scope != 0);  // else only the NODAL_CMA=0 half
+  for (const bool cma : {true, false}) {
+    if (cma && !cma_allowed) continue;
+    ChildResult r = run_coll(2,
+                             {"matrix", "colls=reduce", "sizes=8209,300007,3000017",
+                              "pairs=sum:f32,max:i8,avg:bf16,prod:i64,min:f64", "seed=5",
+                              "variants=raw/out/private,tensor/in/private"},
+                             {"--shm-size", "1G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0", "-x", "NODAL_CROWDED=0"});
+    expect_all_ranks_ok(r, 2);
+    auto algorithms = algorithms_used(r.out);
+    // Per rank and variant: 300007 of every dtype and 3000017 of i8, bf16 (linear); 3000017 of
+    // f32, i64, f64 (pipelined); 8209: i8 small, the others cma (or linear without cma; f64
+    // 64 KiB).
+    const int variants = 2;
+    EXPECT_EQ(algorithms["private:linear"], 2 * variants * (7 + (cma ? 0 : 4))) << "cma " << cma << ": "
+                                                                                 << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], 2 * variants * 3) << describe(algorithms);
+    EXPECT_EQ(algorithms["private:cma"], cma ? 2 * variants * 4 : 0) << describe(algorithms);
+  }
+}
+
 TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
   // 2 ranks, private buffers: cma from 1 MiB, in 8 MiB segments (20 MB: two whole segments and a
   // short one, blocks not a multiple of a cache line); out of place it stops below 32 MiB (40 MB

@@ -44,7 +44,8 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
              ")" + where;
     case CollKind::reduce:
       return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
-             format_bytes(kCmaReduceMaxBytes) + where;
+             format_bytes(kCmaReduceMaxBytes) + " where allowed, else on 2 ranks with a core each linear up to " +
+             format_bytes(kLinearReduceMaxBytes) + ", else pipelined";
     case CollKind::reduce_scatter: return in_place + "pipelined";
     default:
       if (config.cma_min_bytes >= cma_copy_end_bytes(kind)) {
@@ -63,6 +64,7 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
     case Algorithm::pipelined: return "pipelined";
     case Algorithm::in_place: return "in_place";
     case Algorithm::cma: return "cma";
+    case Algorithm::linear: return "linear";
   }
   return "?";
 }
@@ -92,6 +94,10 @@ Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool
       (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes &&
        (in_place ? bytes <= kCmaAllreduceInPlaceMaxBytes : bytes < kCmaAllreduceEndBytes));
   if (reads_inputs && forced == Forced::none && cma_usable) return Algorithm::cma;
+  if (kind == CollKind::reduce && world_size == 2 && !crowded && bytes <= kLinearReduceMaxBytes &&
+      forced == Forced::none) {
+    return Algorithm::linear;
+  }
   return Algorithm::pipelined;
 }
 

@@ -16,6 +16,9 @@
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
 //                                     per peer (Open MPI's and MPICH's single-copy path);
 //                                     allreduce in place from 8 MiB writes with process_vm_writev
+//   linear     shm/linear_reduce.cpp  reduce of private buffers on 2 ranks (each with a core) up
+//                                     to 8 MiB where cma does not take it: the peer stages its
+//                                     input segment by segment, the root folds as they come
 //   pipelined  shm/pipelined_*.cpp    staged through a ring of chunks in the arena
 //   staged     shm/vector_collectives.cpp  the v-variants
 #pragma once
@@ -29,9 +32,9 @@
 
 namespace nodal::detail {
 
-enum class Algorithm { small, pipelined, in_place, cma };
+enum class Algorithm { small, pipelined, in_place, cma, linear };
 
-/// "small", "pipelined", "in_place", "cma" (what Communicator::last_algorithm() reports).
+/// "small", "pipelined", "in_place", "cma", "linear" (what Communicator::last_algorithm() reports).
 const char* algorithm_name(Algorithm algorithm) noexcept;
 
 /// Whether a small call of `kind` is one-directional (broadcast, scatter, gather, reduce: its
@@ -80,6 +83,13 @@ std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 /// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
 /// reads and reduces every peer's input alone.
 constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
+
+/// reduce of private buffers on 2 ranks, each with a core, takes the linear path
+/// (shm/linear_reduce.cpp) up to this size (bytes per rank) where cma does not take it: the root's
+/// one fold per byte, overlapped with the peer's staging, against the pipelined path's staging
+/// copy, fold and gather copy. 1.06-1.9x the pipelined path at 512 KiB-8 MiB, 0.87-0.95x from
+/// 16 MiB (bench/results/2026-11-29-linear-reduce.md).
+constexpr std::size_t kLinearReduceMaxBytes = 8 * 1024 * 1024;
 
 /// allreduce of private buffers takes cma (reduce-scatter and all-gather by process_vm_readv, one
 /// block per rank, 8 MiB segments) on 2 ranks from kCmaAllreduceMinBytes per rank, up to

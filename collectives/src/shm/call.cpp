@@ -273,6 +273,10 @@ void Call::run_lockstep(bool small) {
     return;
   }
   c_.ensure_ring();
+  if (algorithm == Algorithm::linear) {
+    run_linear_reduce();
+    return;
+  }
   if (is_reduction(call_.kind)) {
     run_pipelined_reduction(algorithm == Algorithm::in_place);
   } else {
@@ -303,11 +307,10 @@ void Call::run_rooted_small() {
   if (call_.count != 0) run_small();
   c_.history = with_call(c_.history, call_);
   publish_done();
-  prefetch_next_slots();
+  prefetch_next_slots(toward_root);
 }
 
-void Call::prefetch_next_slots() const {
-  const bool toward_root = call_.kind == CollKind::gather || call_.kind == CollKind::reduce;
+void Call::prefetch_next_slots(bool toward_root) const {
   for (int j = 0; j < n_; ++j) {
     if (j != r_ && (toward_root || j == call_.root)) __builtin_prefetch(&c_.header(j, seq_ + 1), 0);
   }

@@ -104,7 +104,8 @@ class Call {
   /// that the line crosses between cores while this rank returns and makes that call. On 2 ranks,
   /// reduce and gather at 4-64 B 1.04-1.17x (bench/results/2026-11-28-small-call-path.md); the
   /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x.
-  void prefetch_next_slots() const;
+  /// `toward_root`: gather or reduce (every peer sends), else only the root sends.
+  void prefetch_next_slots(bool toward_root) const;
   bool all_in_arena() const;
   /// Whether every rank's input is its output (read from the headers: the same on every rank).
   bool all_in_place() const;
@@ -138,6 +139,7 @@ class Call {
   void run_push_allreduce();                       // shm/push_allreduce.cpp
   void run_pipelined_copy(Algorithm algorithm);    // shm/pipelined_copy.cpp
   void run_cma_reduce();                           // shm/cma.cpp
+  void run_linear_reduce();                        // shm/linear_reduce.cpp
   void run_cma_allreduce();                        // shm/cma.cpp
   /// allreduce in place on large messages: my block reduced and written into every output.
   void run_cma_push_allreduce();                   // shm/cma.cpp
