@@ -1,5 +1,9 @@
-// The reductions. Built with -O3 (collectives/CMakeLists.txt) so that GCC vectorises the inner
-// loops over a tile; bench/nodal-bench measures them against memcpy.
+// The reductions: one fold per (dtype, op), the same C++ for every instruction set. Built with
+// -O3 (collectives/CMakeLists.txt) so that GCC vectorises the inner loops over a tile, once for
+// the baseline and, on x86-64, once more for AVX2 (reduce_kernels_avx2.cpp includes this file
+// with NODAL_REDUCE_ISA=avx2); reduce_dispatch.cpp picks one at run time. Every operation is
+// elementwise IEEE arithmetic, never contracted (-ffp-contract=off), so both give the same bits.
+// bench/nodal-bench measures them against memcpy.
 #include "reduce_kernels.hpp"
 
 #include "copy.hpp"
@@ -9,6 +13,10 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#ifndef NODAL_REDUCE_ISA
+#define NODAL_REDUCE_ISA baseline
+#endif
 
 namespace nodal::detail {
 namespace {
@@ -153,7 +161,7 @@ void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, 
   }
 }
 
-using Kernel = void (*)(void*, const void* const*, int, std::size_t, bool);
+using Kernel = ReduceKernel;
 
 /// Integers: sum, prod and avg accumulate in 64 bits, wrapping (unsigned arithmetic, so no
 /// undefined behaviour); truncating to T afterwards gives exactly T's own wrap-around. min and
@@ -196,7 +204,11 @@ Kernel bool_kernel(ReduceOp op) {
   return nullptr;
 }
 
-Kernel kernel_for(DType dtype, ReduceOp op) {
+}  // namespace
+
+namespace NODAL_REDUCE_ISA {
+
+ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept {
   switch (dtype) {
     case DType::bool_: return bool_kernel(op);
     case DType::u8: return integer_kernel<std::uint8_t>(op);
@@ -211,27 +223,6 @@ Kernel kernel_for(DType dtype, ReduceOp op) {
   return nullptr;
 }
 
-}  // namespace
-
-bool reduce_op_defined(ReduceOp op, DType dtype) noexcept { return kernel_for(dtype, op) != nullptr; }
-
-void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count, bool stream) {
-  kernel_for(dtype, op)(out, srcs, n, count, stream);
-}
+}  // namespace NODAL_REDUCE_ISA
 
 }  // namespace nodal::detail
-
-namespace nodal {
-
-const char* reduce_op_name(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::prod: return "prod";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
-  }
-  return "?";
-}
-
-}  // namespace nodal

@@ -21,4 +21,18 @@ bool reduce_op_defined(ReduceOp op, DType dtype) noexcept;
 void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count,
               bool stream = false);
 
+/// One (dtype, op)'s fold, reduce_n's arguments after the first two.
+using ReduceKernel = void (*)(void* out, const void* const* srcs, int n, std::size_t count, bool stream);
+
+/// The folds of reduce_kernels.cpp for one instruction set: the baseline everywhere, AVX2 where
+/// the build targets x86-64 (NODAL_REDUCE_AVX2; reduce_kernels_avx2.cpp). reduce_n takes AVX2's
+/// where the CPU has it, unless NODAL_REDUCE_ISA=baseline (reduce_dispatch.cpp). Null for an
+/// undefined (op, dtype).
+namespace baseline {
+ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept;
+}
+namespace avx2 {
+ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept;
+}
+
 }  // namespace nodal::detail

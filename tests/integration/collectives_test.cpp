@@ -371,6 +371,29 @@ TEST(Collectives, ResultsAreTheSameFromRunToRun) {
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(a[rank].digest, b[rank].digest) << "rank " << rank;
 }
 
+TEST(Collectives, ReduceKernelsOfEveryInstructionSetGiveTheReferenceBits) {
+  // reduce_kernels.cpp is built for the baseline and, on x86-64, for AVX2 (reduce_dispatch.cpp
+  // takes AVX2 where the CPU has it). coll_program checks every element against its own scalar
+  // reference, so each run passing proves that set's bits; the digests must agree too. Every op
+  // and reducing dtype; 7 elements (element by element), 4097 (tiles and a tail), 100003 (many
+  // tiles; 3 ranks: three sources). On a CPU without AVX2 both runs take the baseline.
+  std::vector<std::string> args = {"matrix", "sizes=7,4097,100003", "colls=allreduce,reduce,reduce_scatter",
+                                   "dtypes=bool,u8,i8,i32,i64,f16,bf16,f32,f64", "ops=all", "rotate=1",
+                                   "variants=raw/out/private,tensor/in/shared"};
+  ChildResult avx2 = run_coll(3, args, {"-x", "NODAL_REDUCE_ISA=avx2"});
+  ChildResult baseline = run_coll(3, args, {"-x", "NODAL_REDUCE_ISA=baseline"});
+  expect_all_ranks_ok(avx2, 3);
+  expect_all_ranks_ok(baseline, 3);
+  auto a = summaries(avx2.out), b = summaries(baseline.out);
+  ASSERT_EQ(a.size(), 3u) << avx2.out;
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(a[rank].digest, b[rank].digest) << "rank " << rank;
+  // A value it does not know is refused, naming the variable.
+  ChildResult bad = run_coll(2, {"matrix", "sizes=4097", "colls=allreduce", "dtypes=f32", "ops=sum"},
+                             {"-x", "NODAL_REDUCE_ISA=sse9"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(contains(bad.out + bad.err, "NODAL_REDUCE_ISA='sse9': use auto, avx2 or baseline")) << bad.out << bad.err;
+}
+
 TEST(Collectives, ForkserverRanks) {
   ChildResult r = run_coll(3, {"matrix", "sizes=0,7,4097", "variants=raw/out/private,tensor/in/shared"},
                            {"--start-method", "forkserver"});

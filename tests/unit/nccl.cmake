@@ -8,11 +8,11 @@ if(NOT TARGET GTest::gtest_main)
   find_package(GTest REQUIRED)
 endif()
 
-# The plan and the CPU reference (reduce_kernels.cpp) are compiled in, not taken from the shared
-# library: both are internal to nodal::collectives.
+# The plan and the CPU reference (the reduce kernels' objects) are compiled in, not taken from the
+# shared library: both are internal to nodal::collectives.
 set(_collectives_src ${PROJECT_SOURCE_DIR}/collectives/src)
 add_executable(nccl_mapping_test ${CMAKE_CURRENT_LIST_DIR}/nccl_mapping_test.cpp ${_collectives_src}/nccl/nccl_plan.cpp
-                                 ${_collectives_src}/reduce_kernels.cpp ${_collectives_src}/copy.cpp)
+                                 $<TARGET_OBJECTS:nodal_reduce_kernels>)
 target_include_directories(nccl_mapping_test PRIVATE ${_collectives_src} ${PROJECT_SOURCE_DIR}/collectives/include)
 target_link_libraries(nccl_mapping_test PRIVATE GTest::gtest_main nodal::runtime NCCL::nccl fmt::fmt-header-only
                       $<TARGET_NAME_IF_EXISTS:nodal_warnings>)
