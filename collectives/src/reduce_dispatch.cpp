@@ -6,6 +6,7 @@
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
 
+#include <atomic>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,9 +14,17 @@
 namespace nodal::detail {
 namespace {
 
-using KernelTable = ReduceKernel (*)(DType, ReduceOp) noexcept;
+using KernelFor = ReduceKernel (*)(DType, ReduceOp) noexcept;
 
-KernelTable pick_kernels() {
+constexpr std::size_t kDTypes = static_cast<std::size_t>(DType::f64) + 1;
+constexpr std::size_t kOps = static_cast<std::size_t>(ReduceOp::avg) + 1;
+
+/// Every (dtype, op)'s fold of one instruction set, looked up once: a call costs two loads.
+struct KernelTable {
+  ReduceKernel at[kDTypes][kOps] = {};
+};
+
+KernelFor pick_instruction_set() {
   const std::string wanted = getenv_or_empty("NODAL_REDUCE_ISA");
   if (wanted == "baseline") return baseline::kernel_for;
   if (!wanted.empty() && wanted != "auto" && wanted != "avx2") {
@@ -27,17 +36,38 @@ KernelTable pick_kernels() {
   return baseline::kernel_for;  // "avx2" where the CPU or the build lacks it: the same bits
 }
 
-KernelTable kernels() {
-  static const KernelTable table = pick_kernels();
-  return table;
+/// Out of line, so that reduce_n pays only for the guard of the static below.
+[[gnu::noinline]] KernelTable make_table(KernelFor kernel_for) {
+  KernelTable t;
+  for (std::size_t d = 0; d < kDTypes; ++d) {
+    for (std::size_t o = 0; o < kOps; ++o) t.at[d][o] = kernel_for(static_cast<DType>(d), static_cast<ReduceOp>(o));
+  }
+  return t;
+}
+
+/// reduce_n's table, made at the first call (out of line and cold: the calls after it pay one
+/// load and a test, not the static's set-up).
+std::atomic<const KernelTable*> made{nullptr};
+
+[[gnu::noinline, gnu::cold]] const KernelTable* make_kernels() {
+  static const KernelTable kernels = make_table(pick_instruction_set());
+  made.store(&kernels, std::memory_order_release);
+  return &kernels;
 }
 
 }  // namespace
 
-bool reduce_op_defined(ReduceOp op, DType dtype) noexcept { return baseline::kernel_for(dtype, op) != nullptr; }
+bool reduce_op_defined(ReduceOp op, DType dtype) noexcept {
+  // Every pair but avg of bool has a fold (reduce_kernels.cpp's bool_kernel): asked at every
+  // reducing call, so the rule itself rather than a lookup.
+  return static_cast<std::size_t>(dtype) < kDTypes && static_cast<std::size_t>(op) < kOps &&
+         !(dtype == DType::bool_ && op == ReduceOp::avg);
+}
 
 void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count, bool stream) {
-  kernels()(dtype, op)(out, srcs, n, count, stream);
+  const KernelTable* kernels = made.load(std::memory_order_acquire);
+  if (kernels == nullptr) [[unlikely]] kernels = make_kernels();
+  kernels->at[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(op)](out, srcs, n, count, stream);
 }
 
 }  // namespace nodal::detail

@@ -111,17 +111,13 @@ typename Conv::Storage fold_one(const void* const* srcs_raw, int n, std::size_t 
   return Conv::store(acc);
 }
 
+/// The fold tile by tile (fold's work beyond a few elements): out of line, so that a small fold
+/// does not pay for its stack frame and saved registers.
 template <class Conv, class Op, bool kAverage>
-void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, bool stream) {
+[[gnu::noinline]] void fold_tiles(typename Conv::Storage* out, const void* const* srcs_raw, int n, std::size_t count,
+                                  bool stream) {
   using T = typename Conv::Storage;
   using A = typename Conv::Acc;
-  auto* out = static_cast<T*>(out_raw);
-  if (count <= kScalarMax && !stream) {
-    // A few elements (the small path's messages): element by element, the same operations in the
-    // same order as a tile, without a tile's set-up (most of a 4-byte call's reduction).
-    for (std::size_t k = 0; k < count; ++k) out[k] = fold_one<Conv, Op, kAverage>(srcs_raw, n, k);
-    return;
-  }
   for (std::size_t base = 0; base < count; base += kTile) {
     const std::size_t len = std::min(kTile, count - base);
     T* dst = out + base;
@@ -159,6 +155,18 @@ void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, 
       for (std::size_t k = 0; k < len; ++k) dst[k] = Conv::store(acc[k]);
     }
   }
+}
+
+template <class Conv, class Op, bool kAverage>
+void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, bool stream) {
+  auto* out = static_cast<typename Conv::Storage*>(out_raw);
+  if (count <= kScalarMax && !stream) {
+    // A few elements (the small path's messages): element by element, the same operations in the
+    // same order as a tile, without a tile's set-up (most of a 4-byte call's reduction).
+    for (std::size_t k = 0; k < count; ++k) out[k] = fold_one<Conv, Op, kAverage>(srcs_raw, n, k);
+    return;
+  }
+  fold_tiles<Conv, Op, kAverage>(out, srcs_raw, n, count, stream);
 }
 
 using Kernel = ReduceKernel;
