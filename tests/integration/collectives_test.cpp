@@ -296,7 +296,7 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   }
 }
 
-TEST(Collectives, TwoRankReduceOfPrivateBuffersFoldsWhileThePeerStages) {
+TEST(Collectives, ReduceOfPrivateBuffersFoldsWhileThePeersStage) {
   // The linear path (shm/linear_reduce.cpp): 2 ranks, each with a core (NODAL_CROWDED=0), private
   // buffers, beyond cma's range up to 8 MiB. The root folds 16 KiB segments out of the peer's ring
   // as they are staged: 300007 and 3000017 elements are many segments, the ring reused many times
@@ -324,6 +324,26 @@ TEST(Collectives, TwoRankReduceOfPrivateBuffersFoldsWhileThePeerStages) {
     EXPECT_EQ(algorithms["private:pipelined"], 2 * variants * 3) << describe(algorithms);
     EXPECT_EQ(algorithms["private:cma"], cma ? 2 * variants * 4 : 0) << describe(algorithms);
   }
+  // Where ranks outnumber cores (NODAL_CROWDED=1) the root also folds as the peers stage while
+  // (world_size - 1) x size <= 256 KiB: 3 ranks, 8209 f32, bf16, i64 and f64 (32-64 KiB: linear,
+  // even with cma allowed), 300007 (pipelined); 4 ranks, 20011 bf16 (39 KiB) and f64 (156 KiB:
+  // pipelined).
+  ChildResult crowded = run_coll(3,
+                                 {"matrix", "colls=reduce", "sizes=8209,300007",
+                                  "pairs=sum:f32,max:i8,avg:bf16,prod:i64,min:f64", "seed=6",
+                                  "variants=raw/out/private,tensor/in/private"},
+                                 {"--shm-size", "1G", "-x", "NODAL_CROWDED=1"});
+  expect_all_ranks_ok(crowded, 3);
+  auto algorithms = algorithms_used(crowded.out);
+  EXPECT_EQ(algorithms["private:linear"], 3 * 2 * 4) << describe(algorithms);
+  EXPECT_EQ(algorithms["private:pipelined"], 3 * 2 * 5) << describe(algorithms);
+  ChildResult four = run_coll(4, {"matrix", "colls=reduce", "sizes=20011", "pairs=sum:bf16,max:f64", "seed=8",
+                                  "variants=raw/out/private"},
+                              {"--shm-size", "1G", "-x", "NODAL_CROWDED=1"});
+  expect_all_ranks_ok(four, 4);
+  algorithms = algorithms_used(four.out);
+  EXPECT_EQ(algorithms["private:linear"], 4) << describe(algorithms);
+  EXPECT_EQ(algorithms["private:pipelined"], 4) << describe(algorithms);
 }
 
 TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {

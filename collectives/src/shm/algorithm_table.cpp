@@ -43,9 +43,10 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
              format_bytes(kCmaAllreduceEndBytes) + " (in place up to " + format_bytes(kCmaAllreduceInPlaceMaxBytes) +
              ")" + where;
     case CollKind::reduce:
-      return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " while (world_size - 1) * size <= " +
-             format_bytes(kCmaReduceMaxBytes) + " where allowed, else on 2 ranks with a core each linear up to " +
-             format_bytes(kLinearReduceMaxBytes) + ", else pipelined";
+      return in_place + "while (world_size - 1) * size <= " + format_bytes(kCmaReduceMaxBytes) +
+             ": linear when ranks outnumber cores, else cma from " + format_bytes(config.cma_min_bytes) +
+             " where allowed; else on 2 ranks with a core each linear up to " + format_bytes(kLinearReduceMaxBytes) +
+             "; else pipelined";
     case CollKind::reduce_scatter: return in_place + "pipelined";
     default:
       if (config.cma_min_bytes >= cma_copy_end_bytes(kind)) {
@@ -54,6 +55,22 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
       return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " (below " +
              format_bytes(cma_copy_end_bytes(kind)) + " unless ranks outnumber cores)" + where;
   }
+}
+
+/// reduce of buffers not all in the arena. While the root's share of the work is small
+/// ((world_size - 1) x bytes <= kCmaReduceMaxBytes) its root folds alone: reading the inputs by
+/// cma while every rank has a core (bench/results/2026-11-25-collectives-round-two.md), as the
+/// peers stage them (linear) when ranks share cores: 4 ranks on 2 cores 1.39-1.43x cma's speed
+/// at 32-64 KiB, 3 ranks 1.07-1.8x (bench/results/2026-11-29-linear-reduce.md). On 2 ranks with a
+/// core each, linear up to kLinearReduceMaxBytes beyond that (and wherever cma is not allowed).
+Algorithm reduce_algorithm(std::size_t bytes, int world_size, bool cma_usable, bool crowded, Forced forced) {
+  if (forced != Forced::none) return Algorithm::pipelined;
+  const bool root_alone = bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes;
+  if (root_alone && !crowded && cma_usable) return Algorithm::cma;
+  if ((root_alone && crowded) || (world_size == 2 && !crowded && bytes <= kLinearReduceMaxBytes)) {
+    return Algorithm::linear;
+  }
+  return Algorithm::pipelined;
 }
 
 }  // namespace
@@ -82,22 +99,16 @@ Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool
                           bool cma_usable, bool crowded) {
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
+  if (kind == CollKind::reduce) return reduce_algorithm(bytes, world_size, cma_usable, crowded, forced);
   // The copy collectives read their peers' inputs once (a single copy) below 1 MiB or 512 KiB, and
-  // at any size when ranks outnumber cores (algorithm_table.hpp, cma_copy_end_bytes). reduce's root reads the
-  // peers' inputs and reduces them alone (shm/cma.cpp): faster than the pipelined reduce-scatter
-  // while the root's share is small (bench/results/2026-11-25-collectives-round-two.md); so is
+  // at any size when ranks outnumber cores (algorithm_table.hpp, cma_copy_end_bytes). So does
   // allreduce on 2 ranks from 1 MiB (algorithm_table.hpp; on 4 ranks sharing 2 cores it lost,
   // 0.8x); reduce_scatter stays pipelined.
   const bool reads_inputs =
       (!is_reduction(kind) && (crowded || bytes < cma_copy_end_bytes(kind))) ||
-      (kind == CollKind::reduce && bytes * static_cast<std::size_t>(world_size - 1) <= kCmaReduceMaxBytes) ||
       (kind == CollKind::allreduce && world_size == 2 && bytes >= kCmaAllreduceMinBytes &&
        (in_place ? bytes <= kCmaAllreduceInPlaceMaxBytes : bytes < kCmaAllreduceEndBytes));
   if (reads_inputs && forced == Forced::none && cma_usable) return Algorithm::cma;
-  if (kind == CollKind::reduce && world_size == 2 && !crowded && bytes <= kLinearReduceMaxBytes &&
-      forced == Forced::none) {
-    return Algorithm::linear;
-  }
   return Algorithm::pipelined;
 }
 

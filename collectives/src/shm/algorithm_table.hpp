@@ -11,14 +11,16 @@
 //                                     into every output (one pass: a copy's traffic)
 //   cma        shm/cma.cpp            private buffers of the copy collectives (below 1 MiB,
 //                                     allgather, gather, alltoall below 512 KiB, unless
-//                                     ranks outnumber cores), reduce and (2 ranks,
-//                                     1-32 MiB, in place 1-64 MiB) allreduce,
+//                                     ranks outnumber cores), reduce (while every rank has
+//                                     a core) and (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
 //                                     per peer (Open MPI's and MPICH's single-copy path);
 //                                     allreduce in place from 8 MiB writes with process_vm_writev
-//   linear     shm/linear_reduce.cpp  reduce of private buffers on 2 ranks (each with a core) up
-//                                     to 8 MiB where cma does not take it: the peer stages its
-//                                     input segment by segment, the root folds as they come
+//   linear     shm/linear_reduce.cpp  reduce of private buffers where cma does not take it, on 2
+//                                     ranks (each with a core) up to 8 MiB, and where ranks
+//                                     outnumber cores while the root's share is small: the peers
+//                                     stage their inputs segment by segment, the root folds them
+//                                     as they come
 //   pipelined  shm/pipelined_*.cpp    staged through a ring of chunks in the arena
 //   staged     shm/vector_collectives.cpp  the v-variants
 #pragma once
@@ -80,8 +82,8 @@ constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 /// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes.
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 
-/// reduce takes cma only while (world_size - 1) * bytes per rank stays within this: the root then
-/// reads and reduces every peer's input alone.
+/// reduce's root folds every peer's input alone (cma, or linear when ranks outnumber cores) only
+/// while (world_size - 1) * bytes per rank stays within this.
 constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
 
 /// reduce of private buffers on 2 ranks, each with a core, takes the linear path
