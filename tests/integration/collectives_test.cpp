@@ -513,7 +513,10 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
     EXPECT_EQ(table[i].algorithm, rooted ? "small (the sender posts and returns)" : "small") << table[i].op;
   }
   EXPECT_EQ(large["reduce_scatter"], "in_place if every rank's buffers are in the arena, else pipelined");
-  EXPECT_TRUE(contains(large["reduce"], "cma from 16 KiB while (world_size - 1) * size <= 256 KiB")) << large["reduce"];
+  EXPECT_TRUE(contains(large["reduce"], "while (world_size - 1) * size <= 256 KiB: linear when ranks outnumber cores, "
+                                       "else cma from 16 KiB where allowed; else on 2 ranks with a core each linear "
+                                       "up to 8 MiB; else pipelined"))
+      << large["reduce"];
   EXPECT_TRUE(contains(large["allreduce"], "on 2 ranks cma from 1 MiB below 32 MiB (in place up to 64 MiB)"))
       << large["allreduce"];
   EXPECT_TRUE(contains(large["alltoall"],
