@@ -43,10 +43,14 @@
 //              outnumber cores (NODAL_CROWDED): one
 //              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH
 //              do), where the kernel allows it (no Yama ptrace_scope >= 1) and NODAL_CMA is not 0;
-//              otherwise pipelined. Also reduce while (world_size - 1) x size <= 256 KiB (the root
-//              reads the inputs), and allreduce on 2 ranks from 1 MiB below 32 MiB (in place,
-//              input == output, up to 64 MiB; from 8 MiB in place each rank also writes its reduced
-//              block into the peer's output with process_vm_writev).
+//              otherwise pipelined. Also reduce while (world_size - 1) x size <= 256 KiB and
+//              every rank has a core (the root reads the inputs), and allreduce on 2 ranks from
+//              1 MiB below 32 MiB (in place, input == output, up to 64 MiB; from 8 MiB in place each
+//              rank also writes its reduced block into the peer's output with process_vm_writev).
+//   linear     reduce of private buffers: the peers stage their inputs 16 KiB at a time, the root
+//              folds each segment as it comes (Open MPI's basic linear reduce, segmented); on 2
+//              ranks with a core each up to 8 MiB where cma does not take it, and where ranks
+//              outnumber cores while (world_size - 1) x size <= 256 KiB.
 // Environment overrides (read once per process; every rank must see the same values):
 //   NODAL_ALLREDUCE_ALGO=auto|small|pipelined|in_place   allreduce's algorithm; NODAL_ALGO the
 //                                 same for every collective. A forced algorithm applies where it
@@ -59,8 +63,10 @@
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: most bytes per step, all blocks together (default
 //                                 1 MiB, at least 4096); a message of one chunk from 256 KiB takes
 //                                 two steps while every rank has a core
+//   NODAL_REDUCE_ISA=auto|avx2|baseline  the reductions' instruction set: AVX2 where the CPU has
+//                                 it (x86-64 builds), else the baseline; the bits are the same
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
-// arena (16 * (32 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined call a staging ring
+// arena (16 * (32 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined or linear call a staging ring
 // (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 
