@@ -61,7 +61,7 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
 /// ((world_size - 1) x bytes <= kCmaReduceMaxBytes) its root folds alone: reading the inputs by
 /// cma while every rank has a core (bench/results/2026-11-25-collectives-round-two.md), as the
 /// peers stage them (linear) when ranks share cores: 4 ranks on 2 cores 1.39-1.43x cma's speed
-/// at 32-64 KiB, 3 ranks 1.07-1.8x (bench/results/2026-11-29-linear-reduce.md). On 2 ranks with a
+/// at 32-64 KiB, 3 ranks 1.07-1.8x (bench/results/2026-11-28-linear-reduce.md). On 2 ranks with a
 /// core each, linear up to kLinearReduceMaxBytes beyond that (and wherever cma is not allowed).
 Algorithm reduce_algorithm(std::size_t bytes, int world_size, bool cma_usable, bool crowded, Forced forced) {
   if (forced != Forced::none) return Algorithm::pipelined;

@@ -90,7 +90,7 @@ constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
 /// (shm/linear_reduce.cpp) up to this size (bytes per rank) where cma does not take it: the root's
 /// one fold per byte, overlapped with the peer's staging, against the pipelined path's staging
 /// copy, fold and gather copy. 1.06-1.9x the pipelined path at 512 KiB-8 MiB, 0.87-0.95x from
-/// 16 MiB (bench/results/2026-11-29-linear-reduce.md).
+/// 16 MiB (bench/results/2026-11-28-linear-reduce.md).
 constexpr std::size_t kLinearReduceMaxBytes = 8 * 1024 * 1024;
 
 /// allreduce of private buffers takes cma (reduce-scatter and all-gather by process_vm_readv, one

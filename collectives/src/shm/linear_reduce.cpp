@@ -20,7 +20,7 @@ namespace {
 
 /// Bytes per segment: the root starts folding once the first segment is staged, and each
 /// segment costs one flag each way. 8, 16 and 32 KiB were alike at 512 KiB-8 MiB on 2 ranks
-/// (bench/results/2026-11-29-linear-reduce.md).
+/// (bench/results/2026-11-28-linear-reduce.md).
 constexpr std::size_t kLinearSegmentBytes = 16 * 1024;
 
 }  // namespace
