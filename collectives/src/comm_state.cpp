@@ -1,5 +1,7 @@
 #include "comm_state.hpp"
 
+#include "reduce_kernels.hpp"
+
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/units.hpp>
@@ -85,6 +87,9 @@ const CommConfig& comm_config() {
     // Below it the system call costs more than the second copy of staging (16 KiB: bench/results/
     // 2026-11-25-cma-threshold.md, 2x faster than staging at 32 KiB).
     c.cma_min_bytes = env_bytes("NODAL_CMA_MIN_BYTES", 16 * 1024, 0);
+    // Checked here, where every rank passes before its first call, not at the first fold, which
+    // only some ranks of a call make.
+    check_reduce_isa_setting();
     return c;
   }();
   return config;

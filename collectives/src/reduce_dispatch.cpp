@@ -1,6 +1,6 @@
 // reduce_n: the fold of reduce_kernels.cpp for this CPU, chosen once per process (AVX2 where the
 // build has it and the CPU supports it, else the baseline; NODAL_REDUCE_ISA=baseline forces the
-// baseline, which is how the tests compare the two).
+// baseline). tests/unit/reduce_kernels_test.cpp compares the two sets directly.
 #include "reduce_kernels.hpp"
 
 #include <nodal/errors.hpp>
@@ -24,16 +24,20 @@ struct KernelTable {
   ReduceKernel at[kDTypes][kOps] = {};
 };
 
-KernelFor pick_instruction_set() {
-  const std::string wanted = getenv_or_empty("NODAL_REDUCE_ISA");
-  if (wanted == "baseline") return baseline::kernel_for;
-  if (!wanted.empty() && wanted != "auto" && wanted != "avx2") {
-    throw UsageError(fmt::format("NODAL_REDUCE_ISA='{}': use auto, avx2 or baseline", wanted));
-  }
+bool avx2_usable() noexcept {
 #ifdef NODAL_REDUCE_AVX2
-  if (__builtin_cpu_supports("avx2")) return avx2::kernel_for;
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
 #endif
-  return baseline::kernel_for;  // "avx2" where the CPU or the build lacks it: the same bits
+}
+
+/// AVX2's folds where the build has them and the CPU runs them, unless NODAL_REDUCE_ISA=baseline
+/// ("avx2" where the CPU or the build lacks it gives the baseline: the same bits). A value that
+/// check_reduce_isa_setting refuses counts as auto here. Decided once per process.
+bool chosen_avx2() noexcept {
+  static const bool avx2 = getenv_or_empty("NODAL_REDUCE_ISA") != "baseline" && avx2_usable();
+  return avx2;
 }
 
 /// Out of line, so that reduce_n pays only for the guard of the static below.
@@ -50,12 +54,21 @@ KernelFor pick_instruction_set() {
 std::atomic<const KernelTable*> made{nullptr};
 
 [[gnu::noinline, gnu::cold]] const KernelTable* make_kernels() {
-  static const KernelTable kernels = make_table(pick_instruction_set());
+  static const KernelTable kernels = make_table(chosen_avx2() ? avx2::kernel_for : baseline::kernel_for);
   made.store(&kernels, std::memory_order_release);
   return &kernels;
 }
 
 }  // namespace
+
+const char* reduce_isa() noexcept { return chosen_avx2() ? "avx2" : "baseline"; }
+
+void check_reduce_isa_setting() {
+  const std::string wanted = getenv_or_empty("NODAL_REDUCE_ISA");
+  if (!wanted.empty() && wanted != "auto" && wanted != "avx2" && wanted != "baseline") {
+    throw UsageError(fmt::format("NODAL_REDUCE_ISA='{}': use auto, avx2 or baseline", wanted));
+  }
+}
 
 bool reduce_op_defined(ReduceOp op, DType dtype) noexcept {
   // Every pair but avg of bool has a fold (reduce_kernels.cpp's bool_kernel): asked at every

@@ -1,8 +1,11 @@
 // The reductions: one fold per (dtype, op), the same C++ for every instruction set. Built with
 // -O3 (collectives/CMakeLists.txt) so that GCC vectorises the inner loops over a tile, once for
 // the baseline and, on x86-64, once more for AVX2 (reduce_kernels_avx2.cpp includes this file
-// with NODAL_REDUCE_ISA=avx2); reduce_dispatch.cpp picks one at run time. Every operation is
-// elementwise IEEE arithmetic, never contracted (-ffp-contract=off), so both give the same bits.
+// with NODAL_REDUCE_ISA=avx2 and NODAL_REDUCE_TARGET the target("avx2") attribute). Only the
+// folds (internal to this file) carry the attribute, not the whole file: an inline function of a
+// header compiled for AVX2 could be the copy the linker keeps for the baseline's callers too.
+// reduce_dispatch.cpp picks one at run time. Every operation is elementwise IEEE arithmetic,
+// never contracted (-ffp-contract=off), so both give the same bits.
 // bench/nodal-bench measures them against memcpy.
 #include "reduce_kernels.hpp"
 
@@ -16,6 +19,7 @@
 
 #ifndef NODAL_REDUCE_ISA
 #define NODAL_REDUCE_ISA baseline
+#define NODAL_REDUCE_TARGET
 #endif
 
 namespace nodal::detail {
@@ -102,7 +106,7 @@ A average(A sum, int n) {
 
 /// One element of the result, the sources folded in order (what a tile does per element).
 template <class Conv, class Op, bool kAverage>
-typename Conv::Storage fold_one(const void* const* srcs_raw, int n, std::size_t k) {
+NODAL_REDUCE_TARGET typename Conv::Storage fold_one(const void* const* srcs_raw, int n, std::size_t k) {
   using T = typename Conv::Storage;
   using A = typename Conv::Acc;
   A acc = Conv::load(static_cast<const T*>(srcs_raw[0])[k]);
@@ -114,7 +118,7 @@ typename Conv::Storage fold_one(const void* const* srcs_raw, int n, std::size_t 
 /// The fold tile by tile (fold's work beyond a few elements): out of line, so that a small fold
 /// does not pay for its stack frame and saved registers.
 template <class Conv, class Op, bool kAverage>
-[[gnu::noinline]] void fold_tiles(typename Conv::Storage* out, const void* const* srcs_raw, int n, std::size_t count,
+NODAL_REDUCE_TARGET [[gnu::noinline]] void fold_tiles(typename Conv::Storage* out, const void* const* srcs_raw, int n, std::size_t count,
                                   bool stream) {
   using T = typename Conv::Storage;
   using A = typename Conv::Acc;
@@ -158,7 +162,7 @@ template <class Conv, class Op, bool kAverage>
 }
 
 template <class Conv, class Op, bool kAverage>
-void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, bool stream) {
+NODAL_REDUCE_TARGET void fold(void* out_raw, const void* const* srcs_raw, int n, std::size_t count, bool stream) {
   auto* out = static_cast<typename Conv::Storage*>(out_raw);
   if (count <= kScalarMax && !stream) {
     // A few elements (the small path's messages): element by element, the same operations in the

@@ -16,7 +16,8 @@ bool reduce_op_defined(ReduceOp op, DType dtype) noexcept;
 /// accumulation type (f32 for f16 and bf16; 64-bit wrap-around integers for integer sum, prod and
 /// avg), then for avg divided by n, then rounded once to dtype. Every element depends only on the
 /// inputs at its index, never on where a tile starts, so any split of the work gives the same bits.
-/// `out` may be one of the sources (it is written tile by tile after the tile's reads).
+/// `out` may be exactly one of the sources (the same address; each element is written after its
+/// reads); it must not overlap any source otherwise.
 /// `stream`: write `out` with non-temporal stores (large outputs nobody reads soon; copy.hpp).
 void reduce_n(DType dtype, ReduceOp op, void* out, const void* const* srcs, int n, std::size_t count,
               bool stream = false);
@@ -27,12 +28,19 @@ using ReduceKernel = void (*)(void* out, const void* const* srcs, int n, std::si
 /// The folds of reduce_kernels.cpp for one instruction set: the baseline everywhere, AVX2 where
 /// the build targets x86-64 (NODAL_REDUCE_AVX2; reduce_kernels_avx2.cpp). reduce_n takes AVX2's
 /// where the CPU has it, unless NODAL_REDUCE_ISA=baseline (reduce_dispatch.cpp). Null for an
-/// undefined (op, dtype).
+/// undefined (op, dtype). Calling avx2::kernel_for's folds needs a CPU with AVX2.
 namespace baseline {
 ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept;
 }
 namespace avx2 {
 ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept;
 }
+
+/// "avx2" or "baseline": the set reduce_n uses in this process.
+const char* reduce_isa() noexcept;
+
+/// Throws UsageError when NODAL_REDUCE_ISA is set to something else than auto, avx2 or baseline
+/// (comm_config() calls it on every rank; reduce_n itself never throws and takes auto then).
+void check_reduce_isa_setting();
 
 }  // namespace nodal::detail

@@ -91,6 +91,10 @@ INSTANTIATE_TEST_SUITE_P(
         KillCase{"large_allreduce_n2", 2, 1, {"what=allreduce", "count=4194304"}},
         KillCase{"large_allreduce_n4_rank0", 4, 0, {"what=allreduce", "count=4194304"}},
         KillCase{"large_allreduce_n8", 8, 5, {"what=allreduce", "count=4194304"}},
+        // Inside 4 MiB reduces on 2 ranks (linear: the root folds out of the peer's ring), the
+        // root killed and the peer killed.
+        KillCase{"linear_reduce_root_n2", 2, 0, {"what=reduce", "count=1048576"}},
+        KillCase{"linear_reduce_peer_n2", 2, 1, {"what=reduce", "count=1048576"}},
         // Inside the in_place algorithm, reading the victim's arena buffer.
         KillCase{"in_place_allreduce_n4", 4, 2, {"what=allreduce_shared", "count=4194304"}},
         // Inside back-to-back 4-byte allreduces (the small path).

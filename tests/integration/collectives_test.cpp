@@ -299,8 +299,8 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
 TEST(Collectives, ReduceOfPrivateBuffersFoldsWhileThePeersStage) {
   // The linear path (shm/linear_reduce.cpp): 2 ranks, each with a core (NODAL_CROWDED=0), private
   // buffers, beyond cma's range up to 8 MiB. The root folds 16 KiB segments out of the peer's ring
-  // as they are staged: 300007 and 3000017 elements are many segments, the ring reused many times
-  // over, and a short last segment; roots alternate, the root's input is its output in the
+  // as they are staged: 300007 and 3000017 elements are many segments (the 2 MiB ring wraps at
+  // 3000017 i8 and bf16; the end of the test wraps a tiny one), and a short last segment; roots alternate, the root's input is its output in the
   // tensor/in variant. 3000017 f32 and i64 (12 and 24 MB) are pipelined. With NODAL_CMA=0 the
   // linear path also takes 8209 f32, bf16 and i64 (32 KiB-64 KiB), where cma would.
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
@@ -344,6 +344,19 @@ TEST(Collectives, ReduceOfPrivateBuffersFoldsWhileThePeersStage) {
   algorithms = algorithms_used(four.out);
   EXPECT_EQ(algorithms["private:linear"], 4) << describe(algorithms);
   EXPECT_EQ(algorithms["private:pipelined"], 4) << describe(algorithms);
+  // The smallest ring (NODAL_CHUNK_BYTES=4096: two 4 KiB segments per rank), so that the peers
+  // wait for the root at every other segment: 2 ranks, 300007 f32 and bf16 (293 and 147
+  // segments); 3 ranks on 2 cores, 8209 f32 (9 segments each).
+  for (const int n : {2, 3}) {
+    ChildResult tiny = run_coll(n,
+                                {"matrix", "colls=reduce", n == 2 ? "sizes=300007" : "sizes=8209",
+                                 "pairs=sum:f32,avg:bf16", "seed=9", "variants=raw/out/private,tensor/in/private"},
+                                {"--shm-size", "1G", "-x", "NODAL_CHUNK_BYTES=4096", "-x", "NODAL_CMA=0", "-x",
+                                 n == 2 ? "NODAL_CROWDED=0" : "NODAL_CROWDED=1"});
+    expect_all_ranks_ok(tiny, n);
+    algorithms = algorithms_used(tiny.out);
+    EXPECT_EQ(algorithms["private:linear"], n * 2 * 2) << n << " ranks: " << describe(algorithms);
+  }
 }
 
 TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
@@ -396,17 +409,20 @@ TEST(Collectives, ReduceKernelsOfEveryInstructionSetGiveTheReferenceBits) {
   // takes AVX2 where the CPU has it). coll_program checks every element against its own scalar
   // reference, so each run passing proves that set's bits; the digests must agree too. Every op
   // and reducing dtype; 7 elements (element by element), 4097 (tiles and a tail), 100003 (many
-  // tiles; 3 ranks: three sources). On a CPU without AVX2 both runs take the baseline.
+  // tiles), on 2 and 3 ranks. On a CPU without AVX2 both runs take the baseline; the unit test
+  // ReduceKernels.Avx2GivesTheBaselinesBitsForEveryPairAndShape compares the two sets directly.
   std::vector<std::string> args = {"matrix", "sizes=7,4097,100003", "colls=allreduce,reduce,reduce_scatter",
                                    "dtypes=bool,u8,i8,i32,i64,f16,bf16,f32,f64", "ops=all", "rotate=1",
                                    "variants=raw/out/private,tensor/in/shared"};
-  ChildResult avx2 = run_coll(3, args, {"-x", "NODAL_REDUCE_ISA=avx2"});
-  ChildResult baseline = run_coll(3, args, {"-x", "NODAL_REDUCE_ISA=baseline"});
-  expect_all_ranks_ok(avx2, 3);
-  expect_all_ranks_ok(baseline, 3);
-  auto a = summaries(avx2.out), b = summaries(baseline.out);
-  ASSERT_EQ(a.size(), 3u) << avx2.out;
-  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(a[rank].digest, b[rank].digest) << "rank " << rank;
+  for (const int n : {2, 3}) {  // 2: the folds of two sources in one pass, cma's fold into the output
+    ChildResult avx2 = run_coll(n, args, {"-x", "NODAL_REDUCE_ISA=avx2"});
+    ChildResult baseline = run_coll(n, args, {"-x", "NODAL_REDUCE_ISA=baseline"});
+    expect_all_ranks_ok(avx2, n);
+    expect_all_ranks_ok(baseline, n);
+    auto a = summaries(avx2.out), b = summaries(baseline.out);
+    ASSERT_EQ(a.size(), static_cast<std::size_t>(n)) << avx2.out;
+    for (int rank = 0; rank < n; ++rank) EXPECT_EQ(a[rank].digest, b[rank].digest) << n << " ranks, rank " << rank;
+  }
   // A value it does not know is refused, naming the variable.
   ChildResult bad = run_coll(2, {"matrix", "sizes=4097", "colls=allreduce", "dtypes=f32", "ops=sum"},
                              {"-x", "NODAL_REDUCE_ISA=sse9"});

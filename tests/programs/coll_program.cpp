@@ -34,7 +34,7 @@
 //             place): the buffers are partly in the arena
 //             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
-//   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|split victim=R delay_ms=N
+//   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|reduce|split victim=R delay_ms=N
 //             count=N die=kill|exit: the victim dies (SIGKILL, or _Exit(3)) after delay_ms while the
 //             ranks run `what`; survivors print when PeerFailure reached them and that later calls
 //             throw it too.
@@ -1659,7 +1659,7 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
   bool victim_waits = r == victim && (what == "barrier" || what == "recv");  // survivors' calls stay pending
 
   Tensor in, out;
-  if (what == "allreduce" || what == "split" || what == "broadcast") {
+  if (what == "allreduce" || what == "split" || what == "broadcast" || what == "reduce") {
     in = alloc(count, DType::f32, false), out = alloc(count, DType::f32, false);
   } else if (what == "allreduce_shared") {
     in = alloc(count, DType::f32, true), out = alloc(count, DType::f32, true);
@@ -1675,6 +1675,8 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
       group.allreduce(in, out, ReduceOp::max);
     else if (what == "broadcast")
       group.broadcast(in, victim);
+    else if (what == "reduce")
+      group.reduce(in.data(), out.data(), count, DType::f32, ReduceOp::sum, 0);
     else if (what == "small")
       group.allreduce(&x, &x, 1, DType::f32);
     else if (what == "barrier")

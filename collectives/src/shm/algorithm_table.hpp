@@ -82,8 +82,9 @@ constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 /// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes.
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 
-/// reduce's root folds every peer's input alone (cma, or linear when ranks outnumber cores) only
-/// while (world_size - 1) * bytes per rank stays within this.
+/// reduce takes cma (while every rank has a core) or linear (when ranks outnumber cores), its root
+/// folding every peer's input alone, while (world_size - 1) * bytes per rank stays within this
+/// (on 2 ranks with a core each, linear goes on to kLinearReduceMaxBytes).
 constexpr std::size_t kCmaReduceMaxBytes = 256 * 1024;
 
 /// reduce of private buffers on 2 ranks, each with a core, takes the linear path

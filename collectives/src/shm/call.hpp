@@ -1,6 +1,7 @@
 // One collective call on one rank: the protocol every shared-memory call follows (shm/call.cpp)
 // and the algorithms that move the data (shm/small.cpp, shm/pipelined_reduction.cpp,
-// shm/push_allreduce.cpp, shm/pipelined_copy.cpp, shm/cma.cpp, shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
+// shm/push_allreduce.cpp, shm/pipelined_copy.cpp, shm/cma.cpp, shm/linear_reduce.cpp,
+// shm/vector_collectives.cpp), picked by shm/algorithm_table.hpp. Internal.
 //
 // The header. Every call starts the same way: each rank publishes a CallHeader (what it calls,
 // with what count, dtype, op and root, and where its buffers are when they are in the arena) in
@@ -10,8 +11,10 @@
 // Lockstep calls (every call but the rooted small ones): each rank waits for every member's
 // header of the call and compares them; once a rank has seen every header of call k, nobody
 // reads or writes anything of call k - 1 any more (staging ring, results, peers' buffers), so the
-// pipelined paths reuse their shared buffers freely. Within a pipelined call, ring entries are
-// reused only after every reader has published `consumed` for the step that used them.
+// pipelined paths reuse their shared buffers freely (the linear reduce relies on nothing else:
+// its peers return before the root has read their rings, so no path may write a ring before it
+// has seen every header of its call). Within a pipelined call, ring entries are reused only after
+// every reader has published `consumed` for the step that used them.
 //
 // Rooted small calls (broadcast, scatter, gather, reduce whose data fits a slot): one-directional,
 // like Open MPI's eager sends. The root of broadcast and scatter, and every non-root of gather and

@@ -2,8 +2,9 @@
 // memory (cross-memory attach, Open MPI's vader and MPICH's single-copy path), where
 // shm/algorithm_table.hpp picks it:
 // the copy collectives read peers' inputs straight into their outputs (shm/pipelined_copy.cpp);
-// reduce's root reads the peers' inputs a chunk at a time into a private scratch buffer and
-// reduces them with its own, in rank order (run_cma_reduce); allreduce does the same for one
+// reduce's root reads the peers' inputs a chunk at a time into a private scratch buffer (on 2
+// ranks out of place: into its output) and reduces them with its own, in rank order
+// (run_cma_reduce); allreduce does the same for one
 // block per rank, straight into its output, then reads the peers' reduced blocks out of their
 // outputs (run_cma_allreduce: reduce-scatter + all-gather, 1.75 copies per byte against the
 // pipelined path's 2.25), segment by segment; large ones in place write each reduced step into
@@ -76,25 +77,26 @@ void Call::reduce_from_inputs(std::size_t begin, std::size_t count) {
   // On 2 ranks out of place the peer's part is read into the output and folded there (reduce_n
   // allows `out` to be a source): a third less memory in use than through a scratch buffer.
   const std::size_t total = call_.count * esize_;
-  const bool into_output = n_ == 2 && (bytes(call_.output) + total <= bytes(call_.input) ||
-                                       bytes(call_.input) + total <= bytes(call_.output));
+  const auto in = reinterpret_cast<std::uintptr_t>(call_.input);
+  const auto out = reinterpret_cast<std::uintptr_t>(call_.output);
+  const bool into_output = n_ == 2 && (out + total <= in || in + total <= out);
   const std::size_t scratch_bytes = into_output ? 0 : static_cast<std::size_t>(n_) * step * esize_;
   if (c_.scratch.size() < scratch_bytes) c_.scratch.resize(scratch_bytes);
   Sources srcs(n_);
   for (std::size_t done = 0; done < count; done += step) {
     const std::size_t at = begin + done;
     const std::size_t len = std::min(step, count - done);
-    std::byte* out = bytes(call_.output) + at * esize_;
+    std::byte* to_out = bytes(call_.output) + at * esize_;
     for (int j = 0; j < n_; ++j) {
       if (j == r_) {
         srcs[j] = bytes(call_.input) + at * esize_;
         continue;
       }
-      std::byte* to = into_output ? out : c_.scratch.data() + static_cast<std::size_t>(j) * step * esize_;
+      std::byte* to = into_output ? to_out : c_.scratch.data() + static_cast<std::size_t>(j) * step * esize_;
       cma_read(j, to, c_.header(j, seq_).input_offset + at * esize_, len * esize_);
       srcs[j] = to;
     }
-    reduce_n(call_.dtype, call_.op, out, srcs.data(), n_, len);
+    reduce_n(call_.dtype, call_.op, to_out, srcs.data(), n_, len);
   }
 }
 
