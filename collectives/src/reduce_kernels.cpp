@@ -5,7 +5,9 @@
 // folds (internal to this file) carry the attribute, not the whole file: an inline function of a
 // header compiled for AVX2 could be the copy the linker keeps for the baseline's callers too.
 // reduce_dispatch.cpp picks one at run time. Every operation is elementwise IEEE arithmetic,
-// never contracted (-ffp-contract=off), so both give the same bits.
+// never contracted (-ffp-contract=off), so both give the same bits; only where two inputs of one
+// element are NaNs of different sign or payload may they keep different NaNs (the compiler may
+// commute an operation's operands, and the hardware keeps the first operand's NaN).
 // bench/nodal-bench measures them against memcpy.
 #include "reduce_kernels.hpp"
 

@@ -36,7 +36,9 @@ namespace avx2 {
 ReduceKernel kernel_for(DType dtype, ReduceOp op) noexcept;
 }
 
-/// "avx2" or "baseline": the set reduce_n uses in this process.
+/// "avx2" or "baseline": the set reduce_n uses in this process. Both give the same bits, but for
+/// an element folded from NaNs of different sign or payload: a NaN either way, not always the
+/// same one (every rank of a node takes the same set, so one job's results agree).
 const char* reduce_isa() noexcept;
 
 /// Throws UsageError when NODAL_REDUCE_ISA is set to something else than auto, avx2 or baseline
