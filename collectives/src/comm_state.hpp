@@ -155,6 +155,10 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// A private buffer of a step: the peers' chunks read by the cma paths (shm/cma.cpp), a reduced
   /// step on its way to every output (shm/push_allreduce.cpp).
   std::vector<std::byte> scratch;
+  /// Set when this rank found a peer gone itself (process_vm_readv: ESRCH) before the job was
+  /// declared failed: every later call on the communicator throws PeerFailure with it at once,
+  /// rather than wait for the declaration or compare its header with a peer that is a call ahead.
+  std::string peer_gone;
   std::size_t vector_capacity[2] = {0, 0};
   /// Set on the world communicator of a job that spans nodes (internode/across_nodes.hpp): its
   /// calls go through the node bridge; of the shared-memory fields above only `shared` is mapped

@@ -87,6 +87,7 @@ void Call::describe_wait(const void* self, std::string& what, std::string& waiti
 void Call::run() {
   BlockingCall blocking(&Call::describe_wait, this);
   check_job_alive();
+  if (!c_.peer_gone.empty()) [[unlikely]] throw PeerFailure(c_.peer_gone);
   seq_ = c_.seq + 1;
   const bool vector = is_vector(call_.kind);
   // Whether the call is small goes by the largest slot contribution of any rank (the same on every

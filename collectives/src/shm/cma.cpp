@@ -62,7 +62,10 @@ void Call::cma_transfer(int j, void* mine, std::uintptr_t address, std::size_t n
     if (got <= 0) {
       int error = errno;
       check_job_alive();
-      if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
+      if (error == ESRCH) {
+        c_.peer_gone = fmt::format("rank {} of communicator '{}' is gone", j, c_.name);
+        throw PeerFailure(c_.peer_gone);
+      }
       throw Error(fmt::format("{} rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies through shared "
                               "memory instead",
                               write ? "process_vm_writev to" : "process_vm_readv from", j, c_.progress[j].pid,
