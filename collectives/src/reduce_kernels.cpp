@@ -175,13 +175,11 @@ NODAL_REDUCE_TARGET void fold(void* out_raw, const void* const* srcs_raw, int n,
   fold_tiles<Conv, Op, kAverage>(out, srcs_raw, n, count, stream);
 }
 
-using Kernel = ReduceKernel;
-
 /// Integers: sum, prod and avg accumulate in 64 bits, wrapping (unsigned arithmetic, so no
 /// undefined behaviour); truncating to T afterwards gives exactly T's own wrap-around. min and
 /// max compare in T's own signedness.
 template <class T>
-Kernel integer_kernel(ReduceOp op) {
+ReduceKernel integer_kernel(ReduceOp op) {
   using Wide = Plain<T, std::uint64_t>;
   using Same = Plain<T, T>;
   switch (op) {
@@ -195,7 +193,7 @@ Kernel integer_kernel(ReduceOp op) {
 }
 
 template <class Conv>
-Kernel float_kernel(ReduceOp op) {
+ReduceKernel float_kernel(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return fold<Conv, Sum, false>;
     case ReduceOp::prod: return fold<Conv, Prod, false>;
@@ -206,7 +204,7 @@ Kernel float_kernel(ReduceOp op) {
   return nullptr;
 }
 
-Kernel bool_kernel(ReduceOp op) {
+ReduceKernel bool_kernel(ReduceOp op) {
   using Conv = Plain<std::uint8_t, std::uint8_t>;
   switch (op) {
     case ReduceOp::sum:
