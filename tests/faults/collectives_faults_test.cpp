@@ -95,6 +95,10 @@ INSTANTIATE_TEST_SUITE_P(
         // root killed and the peer killed.
         KillCase{"linear_reduce_root_n2", 2, 0, {"what=reduce", "count=1048576"}},
         KillCase{"linear_reduce_peer_n2", 2, 1, {"what=reduce", "count=1048576"}},
+        // Inside 128 KiB gathers to rank 0 on 3 ranks (cma: the peers write into the root's
+        // output), the root killed and a peer killed.
+        KillCase{"gather_root_n3", 3, 0, {"what=gather", "count=32768"}},
+        KillCase{"gather_peer_n3", 3, 2, {"what=gather", "count=32768"}},
         // Inside the in_place algorithm, reading the victim's arena buffer.
         KillCase{"in_place_allreduce_n4", 4, 2, {"what=allreduce_shared", "count=4194304"}},
         // Inside back-to-back 4-byte allreduces (the small path).

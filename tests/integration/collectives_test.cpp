@@ -296,6 +296,24 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   }
 }
 
+TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
+  // shm/cma.cpp run_cma_gather: 3 ranks, private inputs of 78 KiB (cma's range whether or not
+  // ranks outnumber cores), every rank the root in turn, its output private (the peers write it
+  // with process_vm_writev) or in the arena (they copy into it); every element checked.
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (yama && (yama >> scope) && scope != 0) GTEST_SKIP() << "Yama ptrace_scope is " << scope << ": no cma here";
+  const int n = 3;
+  for (bool crowded : {false, true}) {
+    ChildResult r = run_coll(n, {"gather_places"},
+                             {"-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
+    ASSERT_FALSE(r.timed_out);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(count_lines(r.out, R"(gather_places root [0-2] (private|arena) ok \(cma\))"), n * n * 2)
+        << "crowded " << crowded << ": " << r.out;
+  }
+}
+
 TEST(Collectives, ReduceOfPrivateBuffersFoldsWhileThePeersStage) {
   // The linear path (shm/linear_reduce.cpp): 2 ranks, each with a core (NODAL_CROWDED=0), private
   // buffers, beyond cma's range up to 8 MiB. The root folds 16 KiB segments out of the peer's ring

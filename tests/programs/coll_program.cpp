@@ -33,8 +33,10 @@
 //             arena=1: rank 0's buffer is in the arena instead (in place), the others' private (in
 //             place): the buffers are partly in the arena
 //             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
+//   gather_places  gather of private inputs into a root's output that is private or in the arena
+//             (every root in turn; cma's range): results and algorithm printed.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
-//   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|reduce|split victim=R delay_ms=N
+//   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|reduce|gather|split victim=R delay_ms=N
 //             count=N die=kill|exit: the victim dies (SIGKILL, or _Exit(3)) after delay_ms while the
 //             ranks run `what`; survivors print when PeerFailure reached them and that later calls
 //             throw it too.
@@ -1661,6 +1663,8 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
   Tensor in, out;
   if (what == "allreduce" || what == "split" || what == "broadcast" || what == "reduce") {
     in = alloc(count, DType::f32, false), out = alloc(count, DType::f32, false);
+  } else if (what == "gather") {
+    in = alloc(count, DType::f32, false), out = alloc(count * static_cast<std::size_t>(n), DType::f32, false);
   } else if (what == "allreduce_shared") {
     in = alloc(count, DType::f32, true), out = alloc(count, DType::f32, true);
   }
@@ -1677,6 +1681,8 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
       group.broadcast(in, victim);
     else if (what == "reduce")
       group.reduce(in.data(), out.data(), count, DType::f32, ReduceOp::sum, 0);
+    else if (what == "gather")
+      group.gather(in.data(), out.data(), count, DType::f32, 0);
     else if (what == "small")
       group.allreduce(&x, &x, 1, DType::f32);
     else if (what == "barrier")
@@ -1745,6 +1751,37 @@ int mixed_place(const nodal::Context& ctx, bool arena) {
   return 0;
 }
 
+/// gather of private f32 inputs (78 KiB per rank: cma's range) into a root's output that is
+/// private or in the arena, every rank the root in turn: the peers write their blocks into it
+/// (shm/cma.cpp run_cma_gather: process_vm_writev, or a copy into the arena).
+int gather_places(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int n = world.world_size();
+  const std::size_t count = 20011;
+  for (int root = 0; root < n; ++root) {
+    for (const bool arena : {false, true}) {
+      const bool is_root = ctx.rank() == root;
+      std::vector<float> in(count), out(is_root ? count * static_cast<std::size_t>(n) : 0, -1.0f);
+      Tensor shared = is_root && arena ? alloc(count * static_cast<std::size_t>(n), DType::f32, true) : Tensor();
+      float* result = shared.defined() ? shared.data_ptr<float>() : out.data();
+      if (shared.defined()) std::fill(result, result + count * static_cast<std::size_t>(n), -1.0f);
+      for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(ctx.rank() * 1000 + static_cast<int>(i % 997));
+      world.gather(in.data(), result, count, DType::f32, root);
+      for (std::size_t i = 0; is_root && i < count * static_cast<std::size_t>(n); ++i) {
+        const float expected = static_cast<float>(static_cast<int>(i / count) * 1000 + static_cast<int>(i % count % 997));
+        if (result[i] != expected) {
+          std::printf("rank %d: gather_places root %d %s: element %zu is %g, expected %g\n", ctx.rank(), root,
+                      arena ? "arena" : "private", i, static_cast<double>(result[i]), static_cast<double>(expected));
+          return 1;
+        }
+      }
+      std::printf("rank %d: gather_places root %d %s ok (%s)\n", ctx.rank(), root, arena ? "arena" : "private",
+                  world.last_algorithm().c_str());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1776,6 +1813,8 @@ int main(int argc, char** argv) {
     rc = p2p(ctx);
   else if (mode == "mixed_place")
     rc = mixed_place(ctx, options.get("arena", 0) == 1);
+  else if (mode == "gather_places")
+    rc = gather_places(ctx);
   else if (mode == "kill")
     rc = kill_mode(ctx, options);
   else

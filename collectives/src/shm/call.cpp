@@ -269,6 +269,10 @@ void Call::run_lockstep(bool small) {
     run_cma_allreduce();
     return;
   }
+  if (algorithm == Algorithm::cma && call_.kind == CollKind::gather) {
+    run_cma_gather();
+    return;
+  }
   if (algorithm == Algorithm::in_place && call_.kind == CollKind::allreduce) {
     run_push_allreduce();
     return;

@@ -144,6 +144,9 @@ class Call {
   void run_cma_reduce();                           // shm/cma.cpp
   void run_linear_reduce();                        // shm/linear_reduce.cpp
   void run_cma_allreduce();                        // shm/cma.cpp
+  /// gather: every peer writes its block into the root's output (process_vm_writev) and returns;
+  /// the root copies its own meanwhile and waits for their `posted`.
+  void run_cma_gather();                           // shm/cma.cpp
   /// allreduce in place on large messages: my block reduced and written into every output.
   void run_cma_push_allreduce();                   // shm/cma.cpp
   /// Reduces elements [begin, begin + count) of every rank's input into this rank's output, rank

@@ -1,7 +1,9 @@
 // cma: single copies from (process_vm_readv) and into (process_vm_writev) the peers' private
 // memory (cross-memory attach, Open MPI's vader and MPICH's single-copy path), where
 // shm/algorithm_table.hpp picks it:
-// the copy collectives read peers' inputs straight into their outputs (shm/pipelined_copy.cpp);
+// the copy collectives read peers' inputs straight into their outputs (shm/pipelined_copy.cpp),
+// but gather's peers write their blocks into the root's output (run_cma_gather), so that the
+// copies run on every rank's core rather than one after another on the root's;
 // reduce's root reads the peers' inputs a chunk at a time into a private scratch buffer (on 2
 // ranks out of place: into its output) and reduces them with its own, in rank order
 // (run_cma_reduce); allreduce does the same for one
@@ -13,6 +15,7 @@
 // say they are done (`consumed`).
 #include "shm/call.hpp"
 
+#include "copy.hpp"
 #include "reduce_kernels.hpp"
 
 #include <nodal/errors.hpp>
@@ -112,6 +115,30 @@ void Call::run_cma_reduce() {
   }
   reduce_from_inputs(0, call_.count);
   publish(c_, progress(r_).consumed, flag(0));
+}
+
+void Call::run_cma_gather() {
+  const int root = call_.root;
+  const std::size_t block = call_.count * esize_;
+  if (r_ != root) {
+    // My block goes straight into the root's output: written with process_vm_writev, or copied
+    // where the root's output is in the arena. Nothing of mine is read after this: I return.
+    check_job_alive();  // as in run_cma_push_allreduce: no writes into a failed job's root
+    const CallHeader& theirs = c_.header(root, seq_);
+    const std::uint64_t at = theirs.output_offset + static_cast<std::uint64_t>(r_) * block;
+    if (theirs.out_arena) {
+      copy_bytes(c_.arena->at(at), call_.input, block);
+    } else {
+      cma_write(root, at, call_.input, block);
+    }
+    publish(c_, progress(r_).posted, flag(0));
+    return;
+  }
+  // The root copies its own block while the peers write theirs; it returns once they have.
+  copy_bytes(bytes(call_.output) + static_cast<std::size_t>(r_) * block, call_.input, block);
+  for (int j = 0; j < n_; ++j) {
+    if (j != r_) wait_flag(c_, progress(j).posted, flag(0), "collective");
+  }
 }
 
 void Call::run_cma_push_allreduce() {

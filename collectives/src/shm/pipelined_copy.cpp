@@ -1,7 +1,7 @@
 // Pipelined copies (broadcast, allgather, gather, scatter, alltoall beyond the small path): each
 // producer's data reaches its consumers in one of three ways. in_place: the producers' buffers are
 // in the arena, consumers copy straight out of them; cma: consumers read private buffers with one
-// process_vm_readv each (shm/cma.cpp); pipelined: producers
+// process_vm_readv each (shm/cma.cpp; gather's cma is run_cma_gather there); pipelined: producers
 // stage slices through their ring entries and consumers copy them out, step by step.
 #include "shm/call.hpp"
 
