@@ -69,7 +69,8 @@ constexpr std::uint64_t kMaxSlotDepth = 16;
 /// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
 /// Values are step_flag(seq, step): they only grow over the communicator's life.
 struct alignas(kCacheLine) Progress {
-  alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};    ///< my staged data of the step is ready
+  /// My staged data of the step is ready (cma gather: my block is in the root's output).
+  alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};
   alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
   /// A call this rank has finished, published at the end of small rooted calls and of mismatched
@@ -79,7 +80,7 @@ struct alignas(kCacheLine) Progress {
   /// Written once when the rank opens the communicator, before its first header. The line also
   /// keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
   alignas(kCacheLine) std::int32_t pid = 0;
-  std::uint8_t cma = 0;  ///< 1: peers may read this rank's memory with process_vm_readv
+  std::uint8_t cma = 0;  ///< 1: peers may read and write this rank's memory (process_vm_readv/writev)
 };
 
 /// Sizes every member must agree on (they come from the same environment).
@@ -182,9 +183,9 @@ struct CommState : std::enable_shared_from_this<CommState> {
   void ensure_ring();
 };
 
-/// Whether peers can read this process's memory with process_vm_readv (cross-memory attach, the
-/// single-copy path of Open MPI's vader and MPICH for private buffers): no Yama ptrace restriction,
-/// a dumpable process, and NODAL_CMA not 0. Read once.
+/// Whether peers can read and write this process's memory with process_vm_readv/writev
+/// (cross-memory attach, the single-copy path of Open MPI's vader and MPICH for private buffers):
+/// no Yama ptrace restriction, a dumpable process, and NODAL_CMA not 0. Read once.
 bool cma_allowed();
 
 /// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES,

@@ -299,7 +299,9 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
 TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
   // shm/cma.cpp run_cma_gather: 3 ranks, private inputs of 78 KiB (cma's range whether or not
   // ranks outnumber cores), every rank the root in turn, its output private (the peers write it
-  // with process_vm_writev) or in the arena (they copy into it); every element checked.
+  // with process_vm_writev) or in the arena (they copy into it); every element checked, and the
+  // 64 after the output. A count that differs on one rank is a UsageError on every rank before
+  // anything is written into the root's output.
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   if (yama && (yama >> scope) && scope != 0) GTEST_SKIP() << "Yama ptrace_scope is " << scope << ": no cma here";
@@ -309,7 +311,10 @@ TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
                              {"-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
     ASSERT_FALSE(r.timed_out);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_EQ(count_lines(r.out, R"(gather_places root [0-2] (private|arena) ok \(cma\))"), n * n * 2)
+    // Every root with both outputs, then the call after the mismatch: cma on every rank.
+    EXPECT_EQ(count_lines(r.out, R"(gather_places root [0-2] (private|arena) match ok \(cma\))"), n * (n * 2 + 1))
+        << "crowded " << crowded << ": " << r.out;
+    EXPECT_EQ(count_lines(r.out, R"(gather_places root 0 private mismatch ok \(refused\))"), n)
         << "crowded " << crowded << ": " << r.out;
   }
 }

@@ -1753,33 +1753,56 @@ int mixed_place(const nodal::Context& ctx, bool arena) {
 
 /// gather of private f32 inputs (78 KiB per rank: cma's range) into a root's output that is
 /// private or in the arena, every rank the root in turn: the peers write their blocks into it
-/// (shm/cma.cpp run_cma_gather: process_vm_writev, or a copy into the arena).
+/// (shm/cma.cpp run_cma_gather: process_vm_writev, or a copy into the arena), and not one element
+/// past it (neither write is seen by ASan). Then a gather whose count differs on rank 1: every
+/// rank gets UsageError and the root's output stays untouched; the next gather works.
 int gather_places(const nodal::Context& ctx) {
   nodal::Communicator world = ctx.world();
   const int n = world.world_size();
   const std::size_t count = 20011;
+  const std::size_t total = count * static_cast<std::size_t>(n);
+  constexpr std::size_t kGuard = 64;  // elements after the output that must stay -1
+  auto gather_into = [&](int root, bool arena, std::size_t my_count, const char* what) -> int {
+    const bool is_root = ctx.rank() == root;
+    std::vector<float> in(my_count), out(is_root ? total + kGuard : 0, -1.0f);
+    Tensor shared = is_root && arena ? alloc(total + kGuard, DType::f32, true) : Tensor();
+    float* result = shared.defined() ? shared.data_ptr<float>() : out.data();
+    if (shared.defined()) std::fill(result, result + total + kGuard, -1.0f);
+    for (std::size_t i = 0; i < my_count; ++i) in[i] = static_cast<float>(ctx.rank() * 1000 + static_cast<int>(i % 997));
+    bool refused = false;
+    try {
+      world.gather(in.data(), result, my_count, DType::f32, root);
+    } catch (const nodal::UsageError&) {
+      refused = true;
+    }
+    const bool mismatch = std::strcmp(what, "mismatch") == 0;
+    if (refused != mismatch) {
+      std::printf("rank %d: gather_places root %d %s: %s\n", ctx.rank(), root, what,
+                  refused ? "refused a matching call" : "no UsageError for a mismatched count");
+      return 1;
+    }
+    for (std::size_t i = 0; is_root && i < total + kGuard; ++i) {
+      const float expected = mismatch || i >= total
+                                 ? -1.0f
+                                 : static_cast<float>(static_cast<int>(i / count) * 1000 + static_cast<int>(i % count % 997));
+      if (result[i] != expected) {
+        std::printf("rank %d: gather_places root %d %s %s: element %zu is %g, expected %g\n", ctx.rank(), root,
+                    arena ? "arena" : "private", what, i, static_cast<double>(result[i]),
+                    static_cast<double>(expected));
+        return 1;
+      }
+    }
+    std::printf("rank %d: gather_places root %d %s %s ok (%s)\n", ctx.rank(), root, arena ? "arena" : "private", what,
+                mismatch ? "refused" : world.last_algorithm().c_str());
+    return 0;
+  };
   for (int root = 0; root < n; ++root) {
     for (const bool arena : {false, true}) {
-      const bool is_root = ctx.rank() == root;
-      std::vector<float> in(count), out(is_root ? count * static_cast<std::size_t>(n) : 0, -1.0f);
-      Tensor shared = is_root && arena ? alloc(count * static_cast<std::size_t>(n), DType::f32, true) : Tensor();
-      float* result = shared.defined() ? shared.data_ptr<float>() : out.data();
-      if (shared.defined()) std::fill(result, result + count * static_cast<std::size_t>(n), -1.0f);
-      for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(ctx.rank() * 1000 + static_cast<int>(i % 997));
-      world.gather(in.data(), result, count, DType::f32, root);
-      for (std::size_t i = 0; is_root && i < count * static_cast<std::size_t>(n); ++i) {
-        const float expected = static_cast<float>(static_cast<int>(i / count) * 1000 + static_cast<int>(i % count % 997));
-        if (result[i] != expected) {
-          std::printf("rank %d: gather_places root %d %s: element %zu is %g, expected %g\n", ctx.rank(), root,
-                      arena ? "arena" : "private", i, static_cast<double>(result[i]), static_cast<double>(expected));
-          return 1;
-        }
-      }
-      std::printf("rank %d: gather_places root %d %s ok (%s)\n", ctx.rank(), root, arena ? "arena" : "private",
-                  world.last_algorithm().c_str());
+      if (gather_into(root, arena, count, "match") != 0) return 1;
     }
   }
-  return 0;
+  if (gather_into(0, false, ctx.rank() == 1 ? 2 * count : count, "mismatch") != 0) return 1;
+  return gather_into(0, false, count, "match");
 }
 
 }  // namespace

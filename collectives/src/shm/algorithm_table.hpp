@@ -15,7 +15,8 @@
 //                                     a core) and (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
 //                                     per peer (Open MPI's and MPICH's single-copy path);
-//                                     allreduce in place from 8 MiB writes with process_vm_writev
+//                                     gather's peers instead write into the root's output, and
+//                                     allreduce in place from 8 MiB, with process_vm_writev
 //   linear     shm/linear_reduce.cpp  reduce of private buffers where cma does not take it, on 2
 //                                     ranks (each with a core) up to 8 MiB, and where ranks
 //                                     outnumber cores while the root's share is small: the peers
@@ -75,7 +76,9 @@ constexpr std::size_t kCmaCopyEndBytes = 1024 * 1024;
 
 /// allgather, gather and alltoall, where every rank produces, take cma below this size instead:
 /// at 512 KiB on 2 ranks their pipelined path in two steps was 1.2-1.9x cma's speed (gather
-/// 28 us against 54), at 256 KiB 0.4-0.9x (bench/results/2026-11-28-two-step-pipeline.md).
+/// 28 us against 54), at 256 KiB 0.4-0.9x (bench/results/2026-11-28-two-step-pipeline.md);
+/// gather with its peers writing (shm/cma.cpp run_cma_gather) was still 1.12-2.16x slower than
+/// the pipelined path at 512 KiB-64 MiB (bench/results/2026-11-29-gather-peers-write.md).
 constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 
 /// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has

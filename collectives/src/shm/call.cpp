@@ -357,7 +357,8 @@ bool Call::cma_usable() const {
     // whose buffers are partly in the arena is staged).
     const CallHeader& h = c_.header(j, seq_);
     if (reads_peer_input(j) && (c_.progress[j].cma == 0 || h.in_arena)) return false;
-    // allreduce's cma reads the peers' outputs, or writes them (shm/cma.cpp).
+    // allreduce's cma reads the peers' outputs, or writes them (shm/cma.cpp). gather's peers write
+    // the root's output, which may be in the arena (they copy into it there: run_cma_gather).
     if (call_.kind == CollKind::allreduce && h.out_arena) return false;
   }
   return true;

@@ -13,7 +13,8 @@
 // reads or writes anything of call k - 1 any more (staging ring, results, peers' buffers), so the
 // pipelined paths reuse their shared buffers freely (the linear reduce relies on nothing else:
 // its peers return before the root has read their rings, so no path may write a ring before it
-// has seen every header of its call). Within a pipelined call, ring entries are reused only after
+// has seen every header of its call; cma gather's peers too return before the root, once their
+// block is written into its output). Within a pipelined call, ring entries are reused only after
 // every reader has published `consumed` for the step that used them.
 //
 // Rooted small calls (broadcast, scatter, gather, reduce whose data fits a slot): one-directional,

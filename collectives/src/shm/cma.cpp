@@ -11,8 +11,8 @@
 // outputs (run_cma_allreduce: reduce-scatter + all-gather, 1.75 copies per byte against the
 // pipelined path's 2.25), segment by segment; large ones in place write each reduced step into
 // the peers' outputs with process_vm_writev instead (run_cma_push_allreduce, the one-pass shape of
-// shm/push_allreduce.cpp). A peer whose memory is read or written returns only once the others
-// say they are done (`consumed`).
+// shm/push_allreduce.cpp). A rank whose memory is read or written returns only once the others
+// say they are done (`consumed`; gather's root: the writers' `posted`).
 #include "shm/call.hpp"
 
 #include "copy.hpp"
@@ -123,7 +123,10 @@ void Call::run_cma_gather() {
   if (r_ != root) {
     // My block goes straight into the root's output: written with process_vm_writev, or copied
     // where the root's output is in the arena. Nothing of mine is read after this: I return.
-    check_job_alive();  // as in run_cma_push_allreduce: no writes into a failed job's root
+    // As in run_cma_push_allreduce: no writes into a failed job's root. A peer already writing
+    // when another rank dies may still write after the root has thrown PeerFailure and handed
+    // its output back: only in a job that has failed, which ends every rank.
+    check_job_alive();
     const CallHeader& theirs = c_.header(root, seq_);
     const std::uint64_t at = theirs.output_offset + static_cast<std::uint64_t>(r_) * block;
     if (theirs.out_arena) {
