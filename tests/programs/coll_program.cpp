@@ -1762,8 +1762,9 @@ int gather_places(const nodal::Context& ctx) {
   const std::size_t count = 20011;
   const std::size_t total = count * static_cast<std::size_t>(n);
   constexpr std::size_t kGuard = 64;  // elements after the output that must stay -1
-  auto gather_into = [&](int root, bool arena, std::size_t my_count, const char* what) -> int {
+  auto gather_into = [&](int root, bool arena, std::size_t my_count, bool mismatch) -> int {
     const bool is_root = ctx.rank() == root;
+    const char* what = mismatch ? "mismatch" : "match";
     std::vector<float> in(my_count), out(is_root ? total + kGuard : 0, -1.0f);
     Tensor shared = is_root && arena ? alloc(total + kGuard, DType::f32, true) : Tensor();
     float* result = shared.defined() ? shared.data_ptr<float>() : out.data();
@@ -1775,7 +1776,6 @@ int gather_places(const nodal::Context& ctx) {
     } catch (const nodal::UsageError&) {
       refused = true;
     }
-    const bool mismatch = std::strcmp(what, "mismatch") == 0;
     if (refused != mismatch) {
       std::printf("rank %d: gather_places root %d %s: %s\n", ctx.rank(), root, what,
                   refused ? "refused a matching call" : "no UsageError for a mismatched count");
@@ -1798,11 +1798,11 @@ int gather_places(const nodal::Context& ctx) {
   };
   for (int root = 0; root < n; ++root) {
     for (const bool arena : {false, true}) {
-      if (gather_into(root, arena, count, "match") != 0) return 1;
+      if (gather_into(root, arena, count, false) != 0) return 1;
     }
   }
-  if (gather_into(0, false, ctx.rank() == 1 ? 2 * count : count, "mismatch") != 0) return 1;
-  return gather_into(0, false, count, "match");
+  if (gather_into(0, false, ctx.rank() == 1 ? 2 * count : count, true) != 0) return 1;
+  return gather_into(0, false, count, false);
 }
 
 }  // namespace

@@ -45,8 +45,9 @@
 //              do), where the kernel allows it (no Yama ptrace_scope >= 1) and NODAL_CMA is not 0;
 //              otherwise pipelined. gather's peers instead write their blocks into the root's
 //              output (process_vm_writev) and return, while the root copies its own: the copies
-//              run on every core at once (4 ranks on 2 cores: 1.28-2.25x the reading root's speed). Also reduce while (world_size - 1) x size <= 256 KiB and
-//              every rank has a core (the root reads the inputs), and allreduce on 2 ranks from
+//              run on every core at once (4 ranks on 2 cores: 1.28-2.25x the reading root's
+//              speed). Also reduce while (world_size - 1) x size <= 256 KiB and every rank has a
+//              core (the root reads the inputs), and allreduce on 2 ranks from
 //              1 MiB below 32 MiB (in place, input == output, up to 64 MiB; from 8 MiB in place each
 //              rank also writes its reduced block into the peer's output with process_vm_writev).
 //   linear     reduce of private buffers: the peers stage their inputs 16 KiB at a time, the root
