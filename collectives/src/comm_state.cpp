@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -19,7 +20,7 @@
 namespace nodal::detail {
 namespace {
 
-constexpr std::uint64_t kCommMagic = 0x326d6d6f632d6c6eULL;  // "nl-comm2": CallHeader and SharedComm as of 2026-11-27
+constexpr std::uint64_t kCommMagic = 0x336d6d6f632d6c6eULL;  // "nl-comm3": CallHeader and SharedComm as of 2026-11-29
 
 std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t minimum) {
   std::string text = getenv_or_empty(name);
@@ -169,8 +170,24 @@ void CommState::ensure_ring() {
 }
 
 void wait_flag(const CommState& comm, const std::atomic<std::uint64_t>& flag, std::uint64_t value, const char* what) {
-  wait_until(
-      comm.shared->word, [&] { return flag.load(std::memory_order_acquire) >= value; }, Deadline{}, what);
+  wait_on_comm(comm, [&] { return flag.load(std::memory_order_acquire) >= value; }, what);
+}
+
+void mark_comm_broken(const CommState& comm, CollKind kind, std::uint64_t seq, const std::exception& error) {
+  if (job_failed()) return;
+  SharedComm& shared = *comm.shared;
+  std::uint32_t free = 0;
+  if (!shared.broken_claim.compare_exchange_strong(free, 1, std::memory_order_acq_rel)) return;
+  // snprintf straight into the arena: nothing to allocate while an error is on its way.
+  std::snprintf(shared.broken_reason, sizeof shared.broken_reason, "rank %d left %s #%llu part-way: %s",
+                comm.global_ranks[static_cast<std::size_t>(comm.rank)], coll_kind_name(kind),
+                static_cast<unsigned long long>(seq), error.what());
+  shared.broken.store(1, std::memory_order_release);
+  notify(shared.word);
+}
+
+void throw_comm_broken(const CommState& comm) {
+  throw PeerFailure(fmt::format("communicator '{}' cannot be used any more: {}", comm.name, comm.shared->broken_reason));
 }
 
 }  // namespace nodal::detail

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,15 +74,20 @@ struct alignas(kCacheLine) Progress {
   alignas(kCacheLine) std::atomic<std::uint64_t> posted{0};
   alignas(kCacheLine) std::atomic<std::uint64_t> reduced{0};   ///< my reduced block of the step is ready
   alignas(kCacheLine) std::atomic<std::uint64_t> consumed{0};  ///< I have read all I need of the step
-  /// A call this rank has finished, published at the end of small rooted calls and of mismatched
-  /// ones (a rank's header of call k says as much for k - 1: shm/call.cpp peer_done): it reads
-  /// nothing of that call or earlier ones any more.
+  /// A call this rank has finished, published at the end of small rooted calls, of mismatched
+  /// ones and of every call beyond the small path (a rank's header of call k says as much for
+  /// k - 1: shm/call.cpp peer_done): it reads and writes nothing of that call or earlier ones any
+  /// more. kLeftComm once it left a call part-way (Call::leave_part_way): nothing of any call.
   alignas(kCacheLine) std::atomic<std::uint64_t> done{0};
   /// Written once when the rank opens the communicator, before its first header. The line also
   /// keeps the next rank's flags out of the 128-byte pair the adjacent-line prefetcher fetches.
   alignas(kCacheLine) std::int32_t pid = 0;
   std::uint8_t cma = 0;  ///< 1: peers may read and write this rank's memory (process_vm_readv/writev)
 };
+
+/// Progress::done of a member that left a call part-way: it touches nothing of the communicator's
+/// calls any more (every later call of its throws PeerFailure at once).
+constexpr std::uint64_t kLeftComm = ~std::uint64_t{0};
 
 /// Sizes every member must agree on (they come from the same environment).
 struct CommConfig {
@@ -107,6 +113,14 @@ struct SharedComm {
   /// value (a rank bound differently could see another).
   std::uint8_t crowded;
   WaitWord word;  ///< every flag of the communicator notifies this one word
+  /// Set once, by the first member that left a call part-way (mark_comm_broken): an error other
+  /// than a mismatch after its header was published, or a peer found gone. Its peers may be
+  /// waiting for flags it will never publish: every wait of the communicator and every later call
+  /// throws PeerFailure with `broken_reason` instead (check_comm_intact). On a line of its own:
+  /// read by every waiter, written at most once.
+  alignas(kCacheLine) std::atomic<std::uint32_t> broken{0};  ///< 1 once `broken_reason` is written
+  std::atomic<std::uint32_t> broken_claim{0};                ///< taken by the one member that writes it
+  char broken_reason[248];
 };
 
 /// The pipelined path's buffers (allocated by the first call that needs them).
@@ -156,10 +170,6 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// A private buffer of a step: the peers' chunks read by the cma paths (shm/cma.cpp), a reduced
   /// step on its way to every output (shm/push_allreduce.cpp).
   std::vector<std::byte> scratch;
-  /// Set when this rank found a peer gone itself (process_vm_readv: ESRCH) before the job was
-  /// declared failed: every later call on the communicator throws PeerFailure with it at once,
-  /// rather than wait for the declaration or compare its header with a peer that is a call ahead.
-  std::string peer_gone;
   std::size_t vector_capacity[2] = {0, 0};
   /// Set on the world communicator of a job that spans nodes (internode/across_nodes.hpp): its
   /// calls go through the node bridge; of the shared-memory fields above only `shared` is mapped
@@ -210,8 +220,38 @@ inline void publish(const CommState& comm, std::atomic<std::uint64_t>& flag, std
   publish(comm.shared->word, flag, value);
 }
 
-/// Waits (the runtime's waiting helper: spin, yield when oversubscribed, futex) until
-/// `flag` >= value; throws PeerFailure when the job fails.
+/// For a member that leaves call `seq` (a `kind`) part-way with `error`, anything but a
+/// UsageError (a mismatch: every member throws it) once its header is out: marks the communicator
+/// broken (SharedComm::broken), unless a member already did or the job has failed (which ends
+/// every member already), and wakes its waiters. Without it, peers that wait for this member's
+/// flags would wait until the job ends, or for ever if the member catches the error and goes on
+/// (or exits 0). Source of the idea: ULFM's MPI_Comm_revoke (a revoked communicator fails every
+/// pending and later operation on every member), here done without being asked.
+void mark_comm_broken(const CommState& comm, CollKind kind, std::uint64_t seq, const std::exception& error);
+
+/// Throws PeerFailure with the reason once the communicator is broken. Cheap: one load of a line
+/// no member writes until then.
+[[noreturn]] void throw_comm_broken(const CommState& comm);
+inline void check_comm_intact(const CommState& comm) {
+  if (comm.shared->broken.load(std::memory_order_acquire) != 0) [[unlikely]] throw_comm_broken(comm);
+}
+
+/// Waits on the communicator's word (the runtime's waiting helper: spin, yield when
+/// oversubscribed, futex) until ready() holds; throws PeerFailure when the job fails or the
+/// communicator is broken (looked at only while not ready: no cost to a wait that ends at once).
+template <class Ready>
+void wait_on_comm(const CommState& comm, Ready&& ready, const char* what) {
+  wait_until(
+      comm.shared->word,
+      [&] {
+        if (ready()) return true;
+        check_comm_intact(comm);
+        return false;
+      },
+      Deadline{}, what);
+}
+
+/// wait_on_comm until `flag` >= value.
 void wait_flag(const CommState& comm, const std::atomic<std::uint64_t>& flag, std::uint64_t value, const char* what);
 
 }  // namespace nodal::detail

@@ -400,19 +400,27 @@ inline void run(detail::CommState& c, const CollCall& call, Device device) {
   detail::GpuBackend& gpu = gpu_backend(c, device.index);
   c.last_algorithm.store(gpu.name(), std::memory_order_relaxed);
   const cuda::Stream stream = cuda::current_stream();
-  switch (call.kind) {
-    case CollKind::allreduce: return gpu.allreduce(call.input, call.output, call.count, call.dtype, call.op, stream);
-    case CollKind::reduce:
-      return gpu.reduce(call.input, call.output, call.count, call.dtype, call.op, call.root, stream);
-    case CollKind::broadcast: return gpu.broadcast(call.output, call.count, call.dtype, call.root, stream);
-    case CollKind::allgather: return gpu.allgather(call.input, call.output, call.count, call.dtype, stream);
-    case CollKind::reduce_scatter:
-      return gpu.reduce_scatter(call.input, call.output, call.count, call.dtype, call.op, stream);
-    case CollKind::gather: return gpu.gather(call.input, call.output, call.count, call.dtype, call.root, stream);
-    case CollKind::scatter: return gpu.scatter(call.input, call.output, call.count, call.dtype, call.root, stream);
-    case CollKind::alltoall: return gpu.alltoall(call.input, call.output, call.count, call.dtype, stream);
-    case CollKind::barrier: return gpu.barrier(stream);
-    default: break;  // split and the v-variants never reach the GPU path
+  try {
+    switch (call.kind) {
+      case CollKind::allreduce: return gpu.allreduce(call.input, call.output, call.count, call.dtype, call.op, stream);
+      case CollKind::reduce:
+        return gpu.reduce(call.input, call.output, call.count, call.dtype, call.op, call.root, stream);
+      case CollKind::broadcast: return gpu.broadcast(call.output, call.count, call.dtype, call.root, stream);
+      case CollKind::allgather: return gpu.allgather(call.input, call.output, call.count, call.dtype, stream);
+      case CollKind::reduce_scatter:
+        return gpu.reduce_scatter(call.input, call.output, call.count, call.dtype, call.op, stream);
+      case CollKind::gather: return gpu.gather(call.input, call.output, call.count, call.dtype, call.root, stream);
+      case CollKind::scatter: return gpu.scatter(call.input, call.output, call.count, call.dtype, call.root, stream);
+      case CollKind::alltoall: return gpu.alltoall(call.input, call.output, call.count, call.dtype, stream);
+      case CollKind::barrier: return gpu.barrier(stream);
+      default: break;  // split and the v-variants never reach the GPU path
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The agreement is done: peers of the CUDA IPC path may wait for this rank's flags.
+    detail::mark_comm_broken(c, call.kind, c.seq, e);
+    throw;
   }
   throw UsageError("internal: a split on the GPU path");
 }

@@ -59,6 +59,8 @@ void check_job_alive() {
   if (control.abort.load(std::memory_order_acquire) != 0) throw_peer_failure(control);
 }
 
+bool job_failed() { return job_arena().control().abort.load(std::memory_order_acquire) != 0; }
+
 void Waiter::check() const {
   check_job_alive();
   if (deadline_.at && Clock::now() >= *deadline_.at) {

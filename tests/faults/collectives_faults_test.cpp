@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../support/child_process.hpp"
+#include "../support/cma.hpp"
 #include "../support/paths.hpp"
 
 namespace nodal::testing {
@@ -112,6 +113,66 @@ INSTANTIATE_TEST_SUITE_P(
         KillCase{"other_subcommunicator_n4", 4, 3, {"what=split", "count=262144"}},
         // An exit, not a signal: nodalrun passes the code on.
         KillCase{"exit_during_allreduce_n3", 3, 1, {"what=allreduce", "count=1048576", "die=exit"}, 3}),
+    [](const auto& p) { return p.param.name; });
+
+struct PartWayCase {
+  std::string name;
+  int n;
+  int denier;
+  std::string what;
+  std::string count;
+  std::string syscall;  ///< the copy that fails on the denier
+};
+
+void PrintTo(const PartWayCase& c, std::ostream* os) { *os << c.name; }
+
+class RankLeavesPartWay : public ::testing::TestWithParam<PartWayCase> {};
+
+TEST_P(RankLeavesPartWay, ItsPeersGetPeerFailureNotAHang) {
+  // The denier's cma copy fails (EPERM from a seccomp filter it installs) in the middle of a call
+  // its peers wait in, and it catches the error and goes on: it must get that Error, every peer
+  // PeerFailure naming it and the failed copy (comm_state.hpp mark_comm_broken), and every later
+  // call PeerFailure at once. Every call that returns is checked, and a rank that threw overwrites
+  // its buffers at once: no peer may still read or write them (Call::leave_part_way). The job then
+  // ends with 0; before, the peers waited until --timeout.
+  if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  const PartWayCase& c = GetParam();
+  ChildResult r =
+      run(nodalrun_command({"-n", std::to_string(c.n), "--timeout", "60", "-x", "NODAL_CMA=1", "-x", "NODAL_CROWDED=0",
+                            kCollProgram, "part_way", "what=" + c.what, "denier=" + std::to_string(c.denier),
+                            "count=" + c.count}),
+          90s);
+  ASSERT_FALSE(r.timed_out);
+  if (contains(r.out, "no seccomp")) GTEST_SKIP() << "seccomp filters are not allowed here: " << r.out;
+  const std::string why = c.syscall + R"( (to|from) rank \d+ \(pid \d+\) failed: Operation not permitted.*)";
+  const std::string left = "communicator 'world' cannot be used any more: rank " + std::to_string(c.denier) + " left " +
+                           c.what + " #\\d+ part-way: " + why;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < c.n; ++rank) {
+    const std::string tag = "\\[" + std::to_string(rank) + "\\] rank " + std::to_string(rank) + " ";
+    EXPECT_EQ(count_lines(r.out, tag + "part_way " + c.what + " algorithm cma"), 1) << r.out;
+    if (rank == c.denier) {
+      EXPECT_EQ(count_lines(r.out, tag + R"(Error in call \d+: )" + why), 1) << r.out;
+    } else {
+      EXPECT_EQ(count_lines(r.out, tag + R"(PeerFailure in call \d+: )" + left), 1) << r.out;
+    }
+    EXPECT_EQ(count_lines(r.out, tag + R"(later PeerFailure after [\d.]+ ms: )" + left), 1) << r.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Collectives, RankLeavesPartWay,
+    ::testing::Values(
+        // A peer of a gather cannot write its block into the root's output: the root waits for it.
+        PartWayCase{"gather_peer_n3", 3, 2, "gather", "20011", "process_vm_writev"},
+        // The root of a reduce cannot read the peers' inputs: they wait for it to be done with them.
+        PartWayCase{"reduce_root_n3", 3, 0, "reduce", "20011", "process_vm_readv"},
+        // One of two ranks of a 1 MiB allreduce cannot read the other's: the other waits for its
+        // reduced block.
+        PartWayCase{"allreduce_n2", 2, 1, "allreduce", "262144", "process_vm_readv"},
+        // A peer of a broadcast cannot read the root's buffer, which the other peer reads too: the
+        // root must not hand it back (and overwrite it) while that peer still reads it.
+        PartWayCase{"broadcast_peer_n3", 3, 2, "broadcast", "20011", "process_vm_readv"}),
     [](const auto& p) { return p.param.name; });
 
 }  // namespace

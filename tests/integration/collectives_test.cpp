@@ -5,7 +5,6 @@
 // coll_program exits 1 with a "FAIL rank R: ..." line naming the first wrong element.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <map>
 #include <ostream>
 #include <regex>
@@ -17,6 +16,7 @@
 #include <nodal/communicator.hpp>
 
 #include "../support/child_process.hpp"
+#include "../support/cma.hpp"
 #include "../support/paths.hpp"
 
 namespace nodal::testing {
@@ -63,14 +63,6 @@ std::map<int, Summary> summaries(const std::string& out) {
     result[std::stoi(m[1])] = s;
   }
   return result;
-}
-
-/// Yama's ptrace_scope (0 where Yama is absent). Above 0 the kernel forbids process_vm_readv and
-/// process_vm_writev between sibling ranks, so nodal stages what cma would copy.
-int yama_ptrace_scope() {
-  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
-  int scope = 0;
-  return yama && (yama >> scope) ? scope : 0;
 }
 
 /// The job succeeded and every one of its n ranks reported the same positive number of checks.

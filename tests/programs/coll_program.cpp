@@ -36,11 +36,22 @@
 //   gather_places  gather of private inputs into a root's output that is private or in the arena
 //             (every root in turn; cma's range): results and algorithm printed.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
+//   part_way  what=gather|reduce|allreduce|broadcast denier=R count=N: rank R makes its own
+//             process_vm_readv/writev fail with EPERM (a seccomp filter, as a container's profile
+//             would) after a first call (which prints its algorithm), so its cma copy throws
+//             nodal::Error part-way through a call while its peers wait for it; it catches the
+//             error and goes on. Every call that returns is checked; a rank whose call threw
+//             overwrites its buffers at once. Every rank prints what its first failing call threw,
+//             then what a later call throws ("rank R no seccomp" everywhere if the filter is refused).
 //   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|reduce|gather|split victim=R delay_ms=N
 //             count=N die=kill|exit: the victim dies (SIGKILL, or _Exit(3)) after delay_ms while the
 //             ranks run `what`; survivors print when PeerFailure reached them and that later calls
 //             throw it too.
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +60,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -1726,6 +1738,95 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
   return 0;
 }
 
+// ---- A rank leaves a call part-way. ----
+
+/// Makes this process's process_vm_readv and process_vm_writev fail with EPERM from now on, on
+/// every thread: what a container's seccomp profile (or a ptrace policy changed under a running
+/// job) does to the cma paths. False where seccomp filters are not allowed.
+bool deny_cma() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return false;
+  return ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &program) == 0;
+}
+
+int part_way(const nodal::Context& ctx, const Options& o) {
+  Communicator world = ctx.world();
+  const int n = world.world_size(), r = world.rank();
+  const std::string what = o.get("what", "gather");
+  const int denier = static_cast<int>(o.get("denier", n - 1));
+  const auto count = static_cast<std::size_t>(o.get("count", 20011));
+  std::vector<float> in(count), out(what == "gather" ? count * static_cast<std::size_t>(n) : count);
+  long calls = 0;
+  // Call k of rank j contributes k * 10 + j; every call that returns is checked.
+  auto one_call = [&] {
+    std::fill(in.begin(), in.end(), static_cast<float>(calls * 10 + r));
+    float expected = static_cast<float>(calls * 10 * n + n * (n - 1) / 2);  // reduce, allreduce
+    bool check = r == 0;
+    if (what == "gather") {
+      world.gather(in.data(), out.data(), count, DType::f32, 0);
+    } else if (what == "reduce") {
+      world.reduce(in.data(), out.data(), count, DType::f32, ReduceOp::sum, 0);
+    } else if (what == "allreduce") {
+      world.allreduce(in.data(), out.data(), count, DType::f32);
+      check = true;
+    } else if (what == "broadcast") {
+      world.broadcast(in.data(), count, DType::f32, 0);
+      std::copy(in.begin(), in.end(), out.begin());
+      expected = static_cast<float>(calls * 10);
+      check = true;
+    } else {
+      fail("unknown part_way kind " + what);
+    }
+    for (std::size_t i = 0; check && i < out.size(); ++i) {
+      const float want = what == "gather" ? static_cast<float>(calls * 10 + static_cast<long>(i / count)) : expected;
+      if (out[i] != want) fail(format("part_way %s call %ld: element %zu is %g, expected %g", what.c_str(), calls, i,
+                                      static_cast<double>(out[i]), static_cast<double>(want)));
+    }
+  };
+  one_call();
+  std::printf("rank %d part_way %s algorithm %s\n", r, what.c_str(), world.last_algorithm().c_str());
+  int denied = r != denier || deny_cma() ? 1 : 0;
+  world.allreduce(&denied, &denied, 1, DType::i32, ReduceOp::min);
+  if (denied == 0) {
+    std::printf("rank %d no seccomp\n", r);
+    return 0;
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  std::string error;
+  try {
+    while (Clock::now() < deadline) {
+      ++calls;
+      one_call();
+    }
+    fail(format("part_way %s: no error within 20 s (%ld calls)", what.c_str(), calls));
+  } catch (const nodal::PeerFailure& e) {
+    error = format("PeerFailure in call %ld: %s", calls, e.what());
+  } catch (const nodal::Error& e) {
+    error = format("Error in call %ld: %s", calls, e.what());
+  }
+  // The buffers are the caller's again: a peer still reading or writing them would be a bug
+  // (Call::leave_part_way), and it must not return this as its result.
+  std::fill(in.begin(), in.end(), -7.0f);
+  std::fill(out.begin(), out.end(), -7.0f);
+  std::printf("rank %d %s\n", r, error.c_str());
+  auto start = Clock::now();
+  try {
+    float x = 1.0f;
+    world.allreduce(&x, &x, 1, DType::f32);
+    fail("part_way: a later allreduce returned normally");
+  } catch (const nodal::PeerFailure& e) {
+    std::printf("rank %d later PeerFailure after %.1f ms: %s\n", r, ms_since(start), e.what());
+  }
+  return 0;
+}
+
 /// One rank in place, the others not: the algorithm table must pick the same path for all.
 int mixed_place(const nodal::Context& ctx, bool arena) {
   nodal::Communicator world = ctx.world();
@@ -1840,6 +1941,8 @@ int main(int argc, char** argv) {
     rc = gather_places(ctx);
   else if (mode == "kill")
     rc = kill_mode(ctx, options);
+  else if (mode == "part_way")
+    rc = part_way(ctx, options);
   else
     std::fprintf(stderr, "coll_program: unknown mode '%s'\n", mode.c_str());
   std::fflush(stdout);

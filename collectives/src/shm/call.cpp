@@ -10,8 +10,11 @@
 #include <nodal/detail/wait_record.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <limits>
 #include <string>
+
+#include <signal.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -87,7 +90,7 @@ void Call::describe_wait(const void* self, std::string& what, std::string& waiti
 void Call::run() {
   BlockingCall blocking(&Call::describe_wait, this);
   check_job_alive();
-  if (!c_.peer_gone.empty()) [[unlikely]] throw PeerFailure(c_.peer_gone);
+  check_comm_intact(c_);
   seq_ = c_.seq + 1;
   const bool vector = is_vector(call_.kind);
   // Whether the call is small goes by the largest slot contribution of any rank (the same on every
@@ -100,12 +103,43 @@ void Call::run() {
   // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
   if (vector) staged_ = stage_vector_call(c_, call_, seq_);
   c_.seq = seq_;
-  if (small && is_rooted(call_.kind)) {
-    run_rooted_small();
-  } else {
-    publish_header(small, true);
-    run_lockstep(small);
+  try {
+    if (small && is_rooted(call_.kind)) {
+      run_rooted_small();
+    } else if (small) {
+      publish_header(true, true);
+      run_lockstep(true);
+    } else {
+      publish_header(false, true);
+      run_lockstep(false);
+      publish_done();  // a store per call beyond the small path: no buffer of this call is touched any more
+    }
+  } catch (const UsageError&) {
+    throw;  // a mismatch: every member that takes part throws it too (throw_mismatch)
+  } catch (const std::exception& e) {
+    if (job_failed()) throw;  // it ends every member
+    mark_comm_broken(c_, call_.kind, seq_, e);  // my peers may wait for flags I will not publish
+    // A small call's data lies in the slots: peers touch no buffer of mine.
+    if (!small) leave_part_way();
+    throw;
   }
+}
+
+void Call::leave_part_way() {
+  publish(c_, progress(r_).done, kLeftComm);
+  // A peer that has exited touches nothing either: without a supervisor to declare the job
+  // failed, a dead peer would hold this wait for ever.
+  auto gone = [&](int j) { return ::kill(progress(j).pid, 0) != 0 && errno == ESRCH; };
+  wait_until(
+      c_.shared->word,
+      [&] {
+        for (int j = 0; j < n_; ++j) {
+          if (j == r_ || c_.header(j, seq_).seq.load(std::memory_order_acquire) < seq_ || peer_done(j, seq_)) continue;
+          if (!gone(j)) return false;
+        }
+        return true;
+      },
+      Deadline{}, "a peer to leave a broken collective");
 }
 
 void Call::publish_done() { publish(c_, progress(r_).done, seq_); }
@@ -123,15 +157,15 @@ void Call::await_credit(std::uint64_t depth) {
   const std::uint64_t need = seq_ - depth;
   if (c_.known_done >= need) return;
   credit_need_ = need;
-  wait_until(
-      c_.shared->word,
+  wait_on_comm(
+      c_,
       [&] {
         for (int j = 0; j < n_; ++j) {
           if (j != r_ && !peer_done(j, need)) return false;
         }
         return true;
       },
-      Deadline{}, "collective");
+      "collective");
   credit_need_ = 0;
   // As far as the peers' `done` says: a sender that runs ahead then checks again only when it
   // catches up with that.
@@ -186,8 +220,8 @@ int Call::await_headers(int only) {
   // slower on 4 ranks sharing 2 cores.
   while (!finished()) {
     const int before = next;
-    wait_until(
-        c_.shared->word,
+    wait_on_comm(
+        c_,
         [&] {
           for (; next < n_; ++next) {
             if (!wanted(next)) continue;
@@ -211,7 +245,7 @@ int Call::await_headers(int only) {
           }
           return false;
         },
-        Deadline{}, "collective");
+        "collective");
   }
   return differs;
 }
@@ -261,6 +295,10 @@ void Call::run_lockstep(bool small) {
     run_small();
     return;
   }
+  // Every header has come, and my own went out before a fence (publish): a member that left this
+  // call part-way before I saw it broken here waits for me (leave_part_way). Checked before I touch
+  // a peer's buffer, and as late as that.
+  check_comm_intact(c_);
   if (algorithm == Algorithm::cma && call_.kind == CollKind::reduce) {
     run_cma_reduce();
     return;

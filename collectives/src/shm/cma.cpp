@@ -65,10 +65,10 @@ void Call::cma_transfer(int j, void* mine, std::uintptr_t address, std::size_t n
     if (got <= 0) {
       int error = errno;
       check_job_alive();
-      if (error == ESRCH) {
-        c_.peer_gone = fmt::format("rank {} of communicator '{}' is gone", j, c_.name);
-        throw PeerFailure(c_.peer_gone);
-      }
+      // Call::run marks the communicator broken with either error: every member learns it at
+      // once, and every later call on it throws PeerFailure (not a mismatch with a peer that is a
+      // call ahead).
+      if (error == ESRCH) throw PeerFailure(fmt::format("rank {} of communicator '{}' is gone", j, c_.name));
       throw Error(fmt::format("{} rank {} (pid {}) failed: {}; set NODAL_CMA=0 to stage copies through shared "
                               "memory instead",
                               write ? "process_vm_writev to" : "process_vm_readv from", j, c_.progress[j].pid,

@@ -145,6 +145,8 @@ void wait_to_take(WaitWord& word, TryTake&& try_take, CheckHolder&& check_holder
 
 /// Throws PeerFailure if the job has been declared failed. Cheap: one load.
 void check_job_alive();
+/// Whether the job has been declared failed (the test check_job_alive makes). Cheap: one load.
+bool job_failed();
 /// Throws PeerFailure naming what `control` says failed first (its rank, if one is to blame).
 [[noreturn]] void throw_peer_failure(const ArenaControl& control);
 
