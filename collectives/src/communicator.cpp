@@ -397,10 +397,10 @@ inline void run(detail::CommState& c, const CollCall& call, Device device) {
   refuse_after_finalize(c);  // before the agreement: peers would wait for this rank's GPU part
   call.on_gpu = true;
   detail::run_collective(c, call);  // every rank made this same call, or UsageError everywhere
-  detail::GpuBackend& gpu = gpu_backend(c, device.index);
-  c.last_algorithm.store(gpu.name(), std::memory_order_relaxed);
-  const cuda::Stream stream = cuda::current_stream();
   try {
+    detail::GpuBackend& gpu = gpu_backend(c, device.index);  // its set-up waits for the peers' too
+    c.last_algorithm.store(gpu.name(), std::memory_order_relaxed);
+    const cuda::Stream stream = cuda::current_stream();
     switch (call.kind) {
       case CollKind::allreduce: return gpu.allreduce(call.input, call.output, call.count, call.dtype, call.op, stream);
       case CollKind::reduce:
@@ -418,7 +418,7 @@ inline void run(detail::CommState& c, const CollCall& call, Device device) {
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
-    // The agreement is done: peers of the CUDA IPC path may wait for this rank's flags.
+    // The agreement is done: the peers may wait for this rank's flags (CUDA IPC) or kernels (NCCL).
     detail::mark_comm_broken(c, call.kind, c.seq, e);
     throw;
   }

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -119,5 +120,22 @@ bool send_with_fds(int socket, const iovec* parts, std::size_t count, const int*
 }
 
 bool process_alive(int pid) noexcept { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+bool process_exited(int pid) noexcept {
+  if (pid <= 0) return false;
+  if (!process_alive(pid)) return true;
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;  // reaped meanwhile
+  char stat[512];
+  const ssize_t got = ::read(fd, stat, sizeof stat - 1);
+  ::close(fd);
+  if (got <= 0) return false;
+  stat[got] = '\0';
+  // "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+  const char* end = std::strrchr(stat, ')');
+  return end != nullptr && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X');
+}
 
 }  // namespace nodal::detail

@@ -35,6 +35,7 @@ struct KillCase {
   int victim;
   std::vector<std::string> args;  ///< coll_program kill options
   int exit_code = 128 + SIGKILL;
+  std::string algorithm{};  ///< the one every rank's first call must take (where the case is about it)
 };
 
 void PrintTo(const KillCase& c, std::ostream* os) { *os << c.name; }
@@ -82,6 +83,9 @@ TEST_P(RankDies, EverySurvivorGetsPeerFailureFast) {
     EXPECT_EQ(later_calls[rank], 3) << "rank " << rank << ":\n" << r.out;
   }
   EXPECT_FALSE(after_ms.count(c.victim)) << r.out;
+  if (!c.algorithm.empty() && (c.algorithm != "cma" || yama_ptrace_scope() == 0)) {
+    EXPECT_EQ(count_lines(r.out, R"(\] rank \d+ \w+ algorithm )" + c.algorithm + "$"), c.n) << r.out;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -89,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Inside a 16 MiB allreduce: 2 ranks (cma: reading the victim's memory), 4 and 8 on 2
         // cores (pipelined).
-        KillCase{"large_allreduce_n2", 2, 1, {"what=allreduce", "count=4194304"}},
+        KillCase{"large_allreduce_n2", 2, 1, {"what=allreduce", "count=4194304"}, 128 + SIGKILL, "cma"},
         KillCase{"large_allreduce_n4_rank0", 4, 0, {"what=allreduce", "count=4194304"}},
         KillCase{"large_allreduce_n8", 8, 5, {"what=allreduce", "count=4194304"}},
         // Inside 4 MiB reduces on 2 ranks (linear: the root folds out of the peer's ring), the
@@ -98,8 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
         KillCase{"linear_reduce_peer_n2", 2, 1, {"what=reduce", "count=1048576"}},
         // Inside 128 KiB gathers to rank 0 on 3 ranks (cma: the peers write into the root's
         // output), the root killed and a peer killed.
-        KillCase{"gather_root_n3", 3, 0, {"what=gather", "count=32768"}},
-        KillCase{"gather_peer_n3", 3, 2, {"what=gather", "count=32768"}},
+        KillCase{"gather_root_n3", 3, 0, {"what=gather", "count=32768"}, 128 + SIGKILL, "cma"},
+        KillCase{"gather_peer_n3", 3, 2, {"what=gather", "count=32768"}, 128 + SIGKILL, "cma"},
         // Inside the in_place algorithm, reading the victim's arena buffer.
         KillCase{"in_place_allreduce_n4", 4, 2, {"what=allreduce_shared", "count=4194304"}},
         // Inside back-to-back 4-byte allreduces (the small path).
@@ -122,6 +126,7 @@ struct PartWayCase {
   std::string what;
   std::string count;
   std::string syscall;  ///< the copy that fails on the denier
+  bool in_place = false;
 };
 
 void PrintTo(const PartWayCase& c, std::ostream* os) { *os << c.name; }
@@ -133,14 +138,14 @@ TEST_P(RankLeavesPartWay, ItsPeersGetPeerFailureNotAHang) {
   // its peers wait in, and it catches the error and goes on: it must get that Error, every peer
   // PeerFailure naming it and the failed copy (comm_state.hpp mark_comm_broken), and every later
   // call PeerFailure at once. Every call that returns is checked, and a rank that threw overwrites
-  // its buffers at once: no peer may still read or write them (Call::leave_part_way). The job then
-  // ends with 0; before, the peers waited until --timeout.
+  // its buffers at once and finds them unchanged 50 ms later: no peer may still read or write them
+  // (Call::leave_part_way). The job then ends with 0; before, the peers waited until --timeout.
   if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const PartWayCase& c = GetParam();
   ChildResult r =
       run(nodalrun_command({"-n", std::to_string(c.n), "--timeout", "60", "-x", "NODAL_CMA=1", "-x", "NODAL_CROWDED=0",
                             kCollProgram, "part_way", "what=" + c.what, "denier=" + std::to_string(c.denier),
-                            "count=" + c.count}),
+                            "count=" + c.count, c.in_place ? "in_place=1" : "in_place=0"}),
           90s);
   ASSERT_FALSE(r.timed_out);
   if (contains(r.out, "no seccomp")) GTEST_SKIP() << "seccomp filters are not allowed here: " << r.out;
@@ -172,7 +177,10 @@ INSTANTIATE_TEST_SUITE_P(
         PartWayCase{"allreduce_n2", 2, 1, "allreduce", "262144", "process_vm_readv"},
         // A peer of a broadcast cannot read the root's buffer, which the other peer reads too: the
         // root must not hand it back (and overwrite it) while that peer still reads it.
-        PartWayCase{"broadcast_peer_n3", 3, 2, "broadcast", "20011", "process_vm_readv"}),
+        PartWayCase{"broadcast_peer_n3", 3, 2, "broadcast", "20011", "process_vm_readv"},
+        // 8 MiB in place on 2 ranks (push allreduce): the other rank writes its reduced half into
+        // the denier's buffer while the denier leaves.
+        PartWayCase{"push_allreduce_n2", 2, 1, "allreduce", "2097152", "process_vm_readv", true}),
     [](const auto& p) { return p.param.name; });
 
 }  // namespace

@@ -36,17 +36,17 @@
 //   gather_places  gather of private inputs into a root's output that is private or in the arena
 //             (every root in turn; cma's range): results and algorithm printed.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
-//   part_way  what=gather|reduce|allreduce|broadcast denier=R count=N: rank R makes its own
+//   part_way  what=gather|reduce|allreduce|broadcast denier=R count=N in_place=0|1: rank R makes its own
 //             process_vm_readv/writev fail with EPERM (a seccomp filter, as a container's profile
 //             would) after a first call (which prints its algorithm), so its cma copy throws
 //             nodal::Error part-way through a call while its peers wait for it; it catches the
 //             error and goes on. Every call that returns is checked; a rank whose call threw
-//             overwrites its buffers at once. Every rank prints what its first failing call threw,
+//             overwrites its buffers at once and checks 50 ms later that no peer wrote them. Every rank prints what its first failing call threw,
 //             then what a later call throws ("rank R no seccomp" everywhere if the filter is refused).
 //   kill      what=allreduce|allreduce_shared|small|barrier|recv|broadcast|reduce|gather|split victim=R delay_ms=N
 //             count=N die=kill|exit: the victim dies (SIGKILL, or _Exit(3)) after delay_ms while the
-//             ranks run `what`; survivors print when PeerFailure reached them and that later calls
-//             throw it too.
+//             ranks run `what` (each prints the algorithm of its first call); survivors print when
+//             PeerFailure reached them and that later calls throw it too.
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <signal.h>
@@ -1708,7 +1708,7 @@ int kill_mode(const nodal::Context& ctx, const Options& o) {
     if (victim_waits) std::this_thread::sleep_for(std::chrono::seconds(60));
     while (Clock::now() < deadline) {
       one_call();
-      ++calls;
+      if (++calls == 1) std::printf("rank %d %s algorithm %s\n", r, what.c_str(), group.last_algorithm().c_str());
     }
     fail(format("%s: no PeerFailure within 30 s (%ld calls)", what.c_str(), calls));
   } catch (const nodal::PeerFailure& e) {
@@ -1762,7 +1762,10 @@ int part_way(const nodal::Context& ctx, const Options& o) {
   const std::string what = o.get("what", "gather");
   const int denier = static_cast<int>(o.get("denier", n - 1));
   const auto count = static_cast<std::size_t>(o.get("count", 20011));
-  std::vector<float> in(count), out(what == "gather" ? count * static_cast<std::size_t>(n) : count);
+  const bool in_place = o.get("in_place", 0) == 1;  // allreduce
+  std::vector<float> in(count), out(what == "gather" ? count * static_cast<std::size_t>(n) : in_place ? 0 : count);
+  float* result = in_place ? in.data() : out.data();
+  const std::size_t result_count = in_place ? count : out.size();
   long calls = 0;
   // Call k of rank j contributes k * 10 + j; every call that returns is checked.
   auto one_call = [&] {
@@ -1774,7 +1777,7 @@ int part_way(const nodal::Context& ctx, const Options& o) {
     } else if (what == "reduce") {
       world.reduce(in.data(), out.data(), count, DType::f32, ReduceOp::sum, 0);
     } else if (what == "allreduce") {
-      world.allreduce(in.data(), out.data(), count, DType::f32);
+      world.allreduce(in.data(), result, count, DType::f32);
       check = true;
     } else if (what == "broadcast") {
       world.broadcast(in.data(), count, DType::f32, 0);
@@ -1784,10 +1787,10 @@ int part_way(const nodal::Context& ctx, const Options& o) {
     } else {
       fail("unknown part_way kind " + what);
     }
-    for (std::size_t i = 0; check && i < out.size(); ++i) {
+    for (std::size_t i = 0; check && i < result_count; ++i) {
       const float want = what == "gather" ? static_cast<float>(calls * 10 + static_cast<long>(i / count)) : expected;
-      if (out[i] != want) fail(format("part_way %s call %ld: element %zu is %g, expected %g", what.c_str(), calls, i,
-                                      static_cast<double>(out[i]), static_cast<double>(want)));
+      if (result[i] != want) fail(format("part_way %s call %ld: element %zu is %g, expected %g", what.c_str(), calls,
+                                         i, static_cast<double>(result[i]), static_cast<double>(want)));
     }
   };
   one_call();
@@ -1811,10 +1814,17 @@ int part_way(const nodal::Context& ctx, const Options& o) {
   } catch (const nodal::Error& e) {
     error = format("Error in call %ld: %s", calls, e.what());
   }
-  // The buffers are the caller's again: a peer still reading or writing them would be a bug
-  // (Call::leave_part_way), and it must not return this as its result.
+  // The buffers are the caller's again: no peer may still write them (Call::leave_part_way), nor
+  // read them (it would return this as its result: checked above).
   std::fill(in.begin(), in.end(), -7.0f);
   std::fill(out.begin(), out.end(), -7.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (const std::vector<float>* buffer : {&in, &out}) {
+    for (std::size_t i = 0; i < buffer->size(); ++i) {
+      if ((*buffer)[i] != -7.0f) fail(format("part_way %s: element %zu of a buffer was written after the call threw",
+                                              what.c_str(), i));
+    }
+  }
   std::printf("rank %d %s\n", r, error.c_str());
   auto start = Clock::now();
   try {

@@ -445,13 +445,20 @@ class NcclBackend final : public GpuBackend {
     return true;
   }
 
-  /// Waits until the communicator is not ncclInProgress. The job failing or the deadline passing
-  /// aborts the NCCL communicator first.
+  /// Waits until the communicator is not ncclInProgress. The job failing, the communicator
+  /// broken by a rank that left a call part-way (comm_state.hpp mark_comm_broken) or the deadline
+  /// passing aborts the NCCL communicator first.
   void settle(Deadline deadline, const char* what) {
     try {
-      poll_until([&] { return ready(what); }, deadline, what);
+      poll_until(
+          [&] {
+            if (ready(what)) return true;
+            check_comm_intact(comm_);
+            return false;
+          },
+          deadline, what);
     } catch (const PeerFailure&) {
-      abort_nccl("the job failed");
+      abort_nccl("the job failed, or a rank left a call part-way");
       throw;
     } catch (const TimeoutError&) {
       abort_nccl("timed out");
@@ -459,7 +466,8 @@ class NcclBackend final : public GpuBackend {
     }
   }
 
-  /// Waits for the event recorded after the call's work, watching NCCL's error state and the job.
+  /// Waits for the event recorded after the call's work, watching NCCL's error state, the job and
+  /// the communicator (a rank whose call failed before its kernels were queued never joins them).
   void wait_done(const char* what) {
     try {
       poll_until(
@@ -471,11 +479,12 @@ class NcclBackend final : public GpuBackend {
               cuda_check(query, what);
             }
             (void)ready(what);  // an NCCL error throws (after aborting); otherwise keep waiting
+            check_comm_intact(comm_);
             return false;
           },
           Deadline{}, what);
     } catch (const PeerFailure&) {
-      abort_nccl("the job failed");
+      abort_nccl("the job failed, or a rank left a call part-way");
       throw;
     }
   }

@@ -6,15 +6,14 @@
 #include "shm/vector_collectives.hpp"
 
 #include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
 #include <nodal/detail/units.hpp>
 #include <nodal/detail/wait_record.hpp>
 
 #include <algorithm>
-#include <cerrno>
+#include <chrono>
 #include <limits>
 #include <string>
-
-#include <signal.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -112,30 +111,39 @@ void Call::run() {
     } else {
       publish_header(false, true);
       run_lockstep(false);
-      publish_done();  // a store per call beyond the small path: no buffer of this call is touched any more
+      // A store per call beyond the small path: no buffer of this call is touched any more (on
+      // cuda tensors: the agreement is over; the GPU backend's own protocol covers the data).
+      publish_done();
     }
   } catch (const UsageError&) {
-    throw;  // a mismatch: every member that takes part throws it too (throw_mismatch)
+    // A mismatch or unequal v-counts: every member that takes part throws it too, and touches no
+    // buffer. Done, so that a peer leaving this call part-way meanwhile does not wait for me.
+    publish_done();
+    throw;
   } catch (const std::exception& e) {
     if (job_failed()) throw;  // it ends every member
     mark_comm_broken(c_, call_.kind, seq_, e);  // my peers may wait for flags I will not publish
-    // A small call's data lies in the slots: peers touch no buffer of mine.
-    if (!small) leave_part_way();
+    leave_part_way(small);
     throw;
   }
 }
 
-void Call::leave_part_way() {
+void Call::leave_part_way(bool small) {
   publish(c_, progress(r_).done, kLeftComm);
-  // A peer that has exited touches nothing either: without a supervisor to declare the job
-  // failed, a dead peer would hold this wait for ever.
-  auto gone = [&](int j) { return ::kill(progress(j).pid, 0) != 0 && errno == ESRCH; };
+  if (small) return;  // a small call's data lies in the slots: peers touch no buffer of mine
+  // A peer that has exited (or is a zombie) touches nothing either: without a supervisor to declare
+  // the job failed, a dead peer would hold this wait for ever. Looked at once a millisecond.
+  std::vector<bool> exited(static_cast<std::size_t>(n_), false);
+  auto looked = Clock::now();
   wait_until(
       c_.shared->word,
       [&] {
+        const bool look = Clock::now() - looked >= std::chrono::milliseconds(1);
+        if (look) looked = Clock::now();
         for (int j = 0; j < n_; ++j) {
           if (j == r_ || c_.header(j, seq_).seq.load(std::memory_order_acquire) < seq_ || peer_done(j, seq_)) continue;
-          if (!gone(j)) return false;
+          if (look && !exited[j]) exited[j] = process_exited(progress(j).pid);
+          if (!exited[j]) return false;
         }
         return true;
       },

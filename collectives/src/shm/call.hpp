@@ -102,15 +102,15 @@ class Call {
   bool matches(const CallHeader& theirs) const;
   [[noreturn]] void throw_mismatch(int j);
   void run_lockstep(bool small);
-  /// Leaving a call beyond the small path part-way (an exception other than a mismatch, the job
-  /// still alive): publishes Progress::done = kLeftComm, then waits until no peer can still read
-  /// or write this rank's buffers for the call: each has finished it or left it too, or has not
-  /// published its header (it then finds the communicator broken once it has every header, before
-  /// it touches a buffer: the fences of both sides' publish make one of them see the other). Only
-  /// a failed job ends the wait sooner. Without it a rank could return a buffer that a peer still
-  /// writes (cma gather, push allreduce) or reads (cma broadcast: that peer would return wrong
-  /// data as a success).
-  void leave_part_way();
+  /// Leaving a call part-way (an exception other than UsageError, the job still alive):
+  /// publishes Progress::done = kLeftComm; then, beyond the small path, waits until no peer can
+  /// still read or write this rank's buffers for the call: each has finished it or left it too,
+  /// or has exited, or has not published its header (it then finds the communicator broken once it
+  /// has every header, before it touches a buffer: the fences of both sides' publish make one of
+  /// them see the other). Only a failed job ends the wait sooner. Without it a rank could return a
+  /// buffer that a peer still writes (cma gather, push allreduce) or reads (cma broadcast: that
+  /// peer would return wrong data as a success).
+  void leave_part_way(bool small);
   void run_rooted_small();
   /// A receiver of a rooted small call: starts fetching the first line of the slots it reads at
   /// its next call, which its senders (running ahead on credit) have usually written by then, so

@@ -57,4 +57,9 @@ std::string getenv_or_empty(const char* name);
 /// how process-shared locks tell a dead holder from a slow one.
 bool process_alive(int pid) noexcept;
 
+/// Whether process `pid` has exited: gone, or a zombie not yet reaped (state Z or X in
+/// /proc/<pid>/stat). False for pid <= 0. Unlike process_alive a zombie counts: for a wait on a
+/// peer that could still touch this process's memory, which a zombie cannot.
+bool process_exited(int pid) noexcept;
+
 }  // namespace nodal::detail
