@@ -9,6 +9,8 @@
 #include <map>
 #include <ostream>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -122,11 +124,12 @@ INSTANTIATE_TEST_SUITE_P(
 struct PartWayCase {
   std::string name;
   int n;
-  int denier;
+  std::string denier;  ///< one rank, or a comma-separated list
   std::string what;
   std::string count;
   std::string syscall;  ///< the copy that fails on the denier
   bool in_place = false;
+  bool nonblocking = false;
 };
 
 void PrintTo(const PartWayCase& c, std::ostream* os) { *os << c.name; }
@@ -144,43 +147,60 @@ TEST_P(RankLeavesPartWay, ItsPeersGetPeerFailureNotAHang) {
   const PartWayCase& c = GetParam();
   ChildResult r =
       run(nodalrun_command({"-n", std::to_string(c.n), "--timeout", "60", "-x", "NODAL_CMA=1", "-x", "NODAL_CROWDED=0",
-                            kCollProgram, "part_way", "what=" + c.what, "denier=" + std::to_string(c.denier),
-                            "count=" + c.count, c.in_place ? "in_place=1" : "in_place=0"}),
+                            kCollProgram, "part_way", "what=" + c.what, "denier=" + c.denier, "count=" + c.count,
+                            c.in_place ? "in_place=1" : "in_place=0", c.nonblocking ? "nonblocking=1" : "nonblocking=0"}),
           90s);
   ASSERT_FALSE(r.timed_out);
   if (contains(r.out, "no seccomp")) GTEST_SKIP() << "seccomp filters are not allowed here: " << r.out;
   const std::string why = c.syscall + R"( (to|from) rank \d+ \(pid \d+\) failed: Operation not permitted.*)";
-  const std::string left = "communicator 'world' cannot be used any more: rank " + std::to_string(c.denier) + " left " +
-                           c.what + " #\\d+ part-way: " + why;
+  std::set<int> deniers;
+  std::string alternatives;  // "1|2"
+  std::stringstream list(c.denier);
+  for (std::string item; std::getline(list, item, ',');) {
+    deniers.insert(std::stoi(item));
+    alternatives += (alternatives.empty() ? "" : "|") + item;
+  }
+  const std::string left = "communicator 'world' cannot be used any more: rank (" + alternatives + ") left " + c.what +
+                           " #\\d+ part-way: " + why;
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  int denier_errors = 0;
   for (int rank = 0; rank < c.n; ++rank) {
     const std::string tag = "\\[" + std::to_string(rank) + "\\] rank " + std::to_string(rank) + " ";
     EXPECT_EQ(count_lines(r.out, tag + "part_way " + c.what + " algorithm cma"), 1) << r.out;
-    if (rank == c.denier) {
-      EXPECT_EQ(count_lines(r.out, tag + R"(Error in call \d+: )" + why), 1) << r.out;
+    const int failures = count_lines(r.out, tag + R"(PeerFailure in call \d+: )" + left);
+    if (deniers.count(rank)) {
+      // Its own error, or (one of several deniers) the mark another denier made first.
+      const int errors = count_lines(r.out, tag + R"(Error in call \d+: )" + why);
+      EXPECT_EQ(errors + (deniers.size() > 1 ? failures : 0), 1) << r.out;
+      denier_errors += errors;
     } else {
-      EXPECT_EQ(count_lines(r.out, tag + R"(PeerFailure in call \d+: )" + left), 1) << r.out;
+      EXPECT_EQ(failures, 1) << r.out;
     }
     EXPECT_EQ(count_lines(r.out, tag + R"(later PeerFailure after [\d.]+ ms: )" + left), 1) << r.out;
   }
+  EXPECT_GE(denier_errors, 1) << "the denier that marked the communicator got its own error: " << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Collectives, RankLeavesPartWay,
     ::testing::Values(
         // A peer of a gather cannot write its block into the root's output: the root waits for it.
-        PartWayCase{"gather_peer_n3", 3, 2, "gather", "20011", "process_vm_writev"},
+        PartWayCase{"gather_peer_n3", 3, "2", "gather", "20011", "process_vm_writev"},
+        // Both peers of a gather fail at once: one of them marks the communicator, both leave.
+        PartWayCase{"gather_two_peers_n3", 3, "1,2", "gather", "20011", "process_vm_writev"},
         // The root of a reduce cannot read the peers' inputs: they wait for it to be done with them.
-        PartWayCase{"reduce_root_n3", 3, 0, "reduce", "20011", "process_vm_readv"},
+        PartWayCase{"reduce_root_n3", 3, "0", "reduce", "20011", "process_vm_readv"},
         // One of two ranks of a 1 MiB allreduce cannot read the other's: the other waits for its
         // reduced block.
-        PartWayCase{"allreduce_n2", 2, 1, "allreduce", "262144", "process_vm_readv"},
+        PartWayCase{"allreduce_n2", 2, "1", "allreduce", "262144", "process_vm_readv"},
+        // The same through iallreduce: the call fails on the progress thread, Work::wait throws.
+        PartWayCase{"iallreduce_n2", 2, "1", "allreduce", "262144", "process_vm_readv", false, true},
         // A peer of a broadcast cannot read the root's buffer, which the other peer reads too: the
         // root must not hand it back (and overwrite it) while that peer still reads it.
-        PartWayCase{"broadcast_peer_n3", 3, 2, "broadcast", "20011", "process_vm_readv"},
+        PartWayCase{"broadcast_peer_n3", 3, "2", "broadcast", "20011", "process_vm_readv"},
         // 8 MiB in place on 2 ranks (push allreduce): the other rank writes its reduced half into
         // the denier's buffer while the denier leaves.
-        PartWayCase{"push_allreduce_n2", 2, 1, "allreduce", "2097152", "process_vm_readv", true}),
+        PartWayCase{"push_allreduce_n2", 2, "1", "allreduce", "2097152", "process_vm_readv", true}),
     [](const auto& p) { return p.param.name; });
 
 }  // namespace

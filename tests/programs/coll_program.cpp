@@ -36,7 +36,8 @@
 //   gather_places  gather of private inputs into a root's output that is private or in the arena
 //             (every root in turn; cma's range): results and algorithm printed.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
-//   part_way  what=gather|reduce|allreduce|broadcast denier=R count=N in_place=0|1: rank R makes its own
+//   part_way  what=gather|reduce|allreduce|broadcast denier=R[,R...] count=N in_place=0|1
+//             nonblocking=0|1 (allreduce through iallreduce(...).wait()): rank R makes its own
 //             process_vm_readv/writev fail with EPERM (a seccomp filter, as a container's profile
 //             would) after a first call (which prints its algorithm), so its cma copy throws
 //             nodal::Error part-way through a call while its peers wait for it; it catches the
@@ -1760,28 +1761,40 @@ int part_way(const nodal::Context& ctx, const Options& o) {
   Communicator world = ctx.world();
   const int n = world.world_size(), r = world.rank();
   const std::string what = o.get("what", "gather");
-  const int denier = static_cast<int>(o.get("denier", n - 1));
+  bool denier = false;  // whether this rank is one of the deniers (a comma-separated list)
+  std::stringstream deniers(o.get("denier", std::to_string(n - 1)));
+  for (std::string item; std::getline(deniers, item, ',');) denier = denier || std::stoi(item) == r;
   const auto count = static_cast<std::size_t>(o.get("count", 20011));
-  const bool in_place = o.get("in_place", 0) == 1;  // allreduce
-  std::vector<float> in(count), out(what == "gather" ? count * static_cast<std::size_t>(n) : in_place ? 0 : count);
-  float* result = in_place ? in.data() : out.data();
-  const std::size_t result_count = in_place ? count : out.size();
+  const bool in_place = o.get("in_place", 0) == 1;        // allreduce
+  const bool nonblocking = o.get("nonblocking", 0) == 1;  // allreduce: iallreduce(...).wait()
+  const std::size_t out_count = what == "gather" ? count * static_cast<std::size_t>(n) : in_place ? 0 : count;
+  Tensor in_tensor = alloc(count, DType::f32, false), out_tensor = alloc(out_count, DType::f32, false);
+  float* in = in_tensor.data_ptr<float>();
+  float* out = out_tensor.data_ptr<float>();
+  float* result = in_place ? in : out;
+  const std::size_t result_count = in_place ? count : out_count;
   long calls = 0;
   // Call k of rank j contributes k * 10 + j; every call that returns is checked.
   auto one_call = [&] {
-    std::fill(in.begin(), in.end(), static_cast<float>(calls * 10 + r));
+    std::fill_n(in, count, static_cast<float>(calls * 10 + r));
     float expected = static_cast<float>(calls * 10 * n + n * (n - 1) / 2);  // reduce, allreduce
     bool check = r == 0;
     if (what == "gather") {
-      world.gather(in.data(), out.data(), count, DType::f32, 0);
+      world.gather(in, out, count, DType::f32, 0);
     } else if (what == "reduce") {
-      world.reduce(in.data(), out.data(), count, DType::f32, ReduceOp::sum, 0);
+      world.reduce(in, out, count, DType::f32, ReduceOp::sum, 0);
     } else if (what == "allreduce") {
-      world.allreduce(in.data(), result, count, DType::f32);
+      if (nonblocking && in_place) {
+        world.iallreduce(in_tensor).wait();
+      } else if (nonblocking) {
+        world.iallreduce(in_tensor, out_tensor).wait();
+      } else {
+        world.allreduce(in, result, count, DType::f32);
+      }
       check = true;
     } else if (what == "broadcast") {
-      world.broadcast(in.data(), count, DType::f32, 0);
-      std::copy(in.begin(), in.end(), out.begin());
+      world.broadcast(in, count, DType::f32, 0);
+      std::copy_n(in, count, out);
       expected = static_cast<float>(calls * 10);
       check = true;
     } else {
@@ -1795,7 +1808,7 @@ int part_way(const nodal::Context& ctx, const Options& o) {
   };
   one_call();
   std::printf("rank %d part_way %s algorithm %s\n", r, what.c_str(), world.last_algorithm().c_str());
-  int denied = r != denier || deny_cma() ? 1 : 0;
+  int denied = !denier || deny_cma() ? 1 : 0;
   world.allreduce(&denied, &denied, 1, DType::i32, ReduceOp::min);
   if (denied == 0) {
     std::printf("rank %d no seccomp\n", r);
@@ -1816,13 +1829,13 @@ int part_way(const nodal::Context& ctx, const Options& o) {
   }
   // The buffers are the caller's again: no peer may still write them (Call::leave_part_way), nor
   // read them (it would return this as its result: checked above).
-  std::fill(in.begin(), in.end(), -7.0f);
-  std::fill(out.begin(), out.end(), -7.0f);
+  std::fill_n(in, count, -7.0f);
+  std::fill_n(out, out_count, -7.0f);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (const std::vector<float>* buffer : {&in, &out}) {
-    for (std::size_t i = 0; i < buffer->size(); ++i) {
-      if ((*buffer)[i] != -7.0f) fail(format("part_way %s: element %zu of a buffer was written after the call threw",
-                                              what.c_str(), i));
+  for (const auto& [buffer, size] : {std::pair{in, count}, std::pair{out, out_count}}) {
+    for (std::size_t i = 0; i < size; ++i) {
+      if (buffer[i] != -7.0f) fail(format("part_way %s: element %zu of a buffer was written after the call threw",
+                                          what.c_str(), i));
     }
   }
   std::printf("rank %d %s\n", r, error.c_str());
