@@ -195,7 +195,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
 
 /// Whether peers can read and write this process's memory with process_vm_readv/writev
 /// (cross-memory attach, the single-copy path of Open MPI's vader and MPICH for private buffers):
-/// no Yama ptrace restriction, a dumpable process, and NODAL_CMA not 0. Read once.
+/// Yama's ptrace_scope 0, or 1 with this process naming any process of its user as a ptracer
+/// (done here, once), a dumpable process, and NODAL_CMA not 0. Read once.
 bool cma_allowed();
 
 /// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES,

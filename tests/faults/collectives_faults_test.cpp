@@ -85,7 +85,7 @@ TEST_P(RankDies, EverySurvivorGetsPeerFailureFast) {
     EXPECT_EQ(later_calls[rank], 3) << "rank " << rank << ":\n" << r.out;
   }
   EXPECT_FALSE(after_ms.count(c.victim)) << r.out;
-  if (!c.algorithm.empty() && (c.algorithm != "cma" || yama_ptrace_scope() == 0)) {
+  if (!c.algorithm.empty() && (c.algorithm != "cma" || kernel_allows_cma())) {
     EXPECT_EQ(count_lines(r.out, R"(\] rank \d+ \w+ algorithm )" + c.algorithm + "$"), c.n) << r.out;
   }
 }
@@ -143,7 +143,7 @@ TEST_P(RankLeavesPartWay, ItsPeersGetPeerFailureNotAHang) {
   // call PeerFailure at once. Every call that returns is checked, and a rank that threw overwrites
   // its buffers at once and finds them unchanged 50 ms later: no peer may still read or write them
   // (Call::leave_part_way). The job then ends with 0; before, the peers waited until --timeout.
-  if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const PartWayCase& c = GetParam();
   ChildResult r =
       run(nodalrun_command({"-n", std::to_string(c.n), "--timeout", "60", "-x", "NODAL_CMA=1", "-x", "NODAL_CROWDED=0",

@@ -234,13 +234,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 /// The copy collectives' large-message paths for private buffers: cross-memory attach (one
 /// process_vm_readv per peer, the default where the kernel allows it) and staging through the ring
-/// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 1 get).
+/// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 2 get).
 class CopyPath : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CopyPath, GivesTheReferenceBits) {
   const int n = 3;
   const bool cma = GetParam() == "cma";
-  if (cma && yama_ptrace_scope() != 0) {
+  if (cma && !kernel_allows_cma()) {
     GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": the kernel forbids process_vm_readv "
                  << "between sibling ranks, so nodal stages copies (the 'staged' case covers that path)";
   }
@@ -272,7 +272,7 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   // pipelined path, from 1 MiB broadcast and scatter too (algorithm_table.hpp, cma_copy_end_bytes).
   // When ranks outnumber cores: cma at every size. Both cases on any machine: NODAL_CROWDED
   // (nodalrun's verdict, Launcher.TheNodeIsCrowdedWhen...) given with -x.
-  if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const int n = 3;
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n,
@@ -296,7 +296,7 @@ TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
   // with process_vm_writev) or in the arena (they copy into it); every element checked, and the
   // 64 after the output. A count that differs on one rank is a UsageError on every rank before
   // anything is written into the root's output.
-  if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const int n = 3;
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n, {"gather_places"},
@@ -318,7 +318,7 @@ TEST(Collectives, ReduceOfPrivateBuffersFoldsWhileThePeersStage) {
   // 3000017 i8 and bf16; the end of the test wraps a tiny one), and a short last segment; roots alternate, the root's input is its output in the
   // tensor/in variant. 3000017 f32 and i64 (12 and 24 MB) are pipelined. With NODAL_CMA=0 the
   // linear path also takes 8209 f32, bf16 and i64 (32 KiB-64 KiB), where cma would.
-  const bool cma_allowed = yama_ptrace_scope() == 0;  // else only the NODAL_CMA=0 half
+  const bool cma_allowed = kernel_allows_cma();  // else only the NODAL_CMA=0 half
   for (const bool cma : {true, false}) {
     if (cma && !cma_allowed) continue;
     ChildResult r = run_coll(2,
@@ -377,7 +377,7 @@ TEST(Collectives, TwoRankAllreduceOfPrivateBuffersReadsPeersInSegments) {
   // short one, blocks not a multiple of a cache line); out of place it stops below 32 MiB (40 MB
   // i64 out of place is pipelined), in place it goes on to 64 MiB, from 8 MiB writing each reduced
   // step into the peer's output (20 MB f32 and 40 MB i64 in place: blocks end mid-step).
-  if (yama_ptrace_scope() != 0) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   ChildResult r = run_coll(2,
                            {"matrix", "colls=allreduce", "sizes=262147,5000003", "dtypes=f32,i64", "seed=3",
                             "variants=raw/out/private,raw/in/private"},

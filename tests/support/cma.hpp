@@ -6,12 +6,17 @@
 
 namespace nodal::testing {
 
-/// Yama's ptrace_scope (0 where Yama is absent). Above 0 the kernel forbids process_vm_readv and
-/// process_vm_writev between sibling ranks, so nodal stages what cma would copy.
+/// Yama's ptrace_scope (0 where Yama is absent). At 1 each rank lets its siblings attach
+/// (PR_SET_PTRACER_ANY, collectives/src/comm_state.cpp cma_allowed); above 1 the kernel forbids
+/// process_vm_readv and process_vm_writev between sibling ranks, so nodal stages what cma would
+/// copy.
 inline int yama_ptrace_scope() {
   std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
   int scope = 0;
   return yama && (yama >> scope) ? scope : 0;
 }
+
+/// Whether nodal's cma paths can run here.
+inline bool kernel_allows_cma() { return yama_ptrace_scope() <= 1; }
 
 }  // namespace nodal::testing

@@ -48,7 +48,9 @@
 //              private buffers, below 1 MiB (allgather, gather, alltoall: 512 KiB) unless ranks
 //              outnumber cores (NODAL_CROWDED): one
 //              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH
-//              do), where the kernel allows it (no Yama ptrace_scope >= 1) and NODAL_CMA is not 0;
+//              do), where the kernel allows it (Yama's ptrace_scope 0, or 1: each rank then lets
+//              any process of its user ptrace it, PR_SET_PTRACER_ANY, as Open MPI does) and
+//              NODAL_CMA is not 0 (which also leaves the ptracer setting alone);
 //              otherwise pipelined. gather's peers instead write their blocks into the root's
 //              output (process_vm_writev) and return, while the root copies its own: the copies
 //              run on every core at once (4 ranks on 2 cores: 1.28-2.25x the reading root's
