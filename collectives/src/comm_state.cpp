@@ -67,20 +67,19 @@ std::uint64_t CommConfig::slot_depth() const {
 }
 
 bool cma_allowed() {
-  static const bool allowed = [] {
-    if (getenv_or_empty("NODAL_CMA") == "0") return false;
-    // Yama's ptrace_scope 1 (Ubuntu's default) limits process_vm_readv/writev to a process's
-    // ancestors and the ptracers it names: ranks are siblings, so each names any process of its
-    // user (PR_SET_PTRACER_ANY), as Open MPI's smsc/cma and MPICH's CMA do; it then may be
-    // ptraced by them as with scope 0. 2 (admin only) and 3 (none) leave no such way.
-    std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
-    int scope = 0;
-    if (yama && (yama >> scope) && scope != 0) {
-      if (scope != 1 || ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0) return false;
-    }
-    return ::prctl(PR_GET_DUMPABLE) == 1;
-  }();
-  return allowed;
+  // Asked at every open (not a hot path), not once: a fork()ed child keeps its parent's answer
+  // but not its ptracer setting, which the kernel keeps per process.
+  if (getenv_or_empty("NODAL_CMA") == "0" || ::prctl(PR_GET_DUMPABLE) != 1) return false;
+  // Yama's ptrace_scope 1 (Ubuntu's default) limits process_vm_readv/writev to a process's
+  // ancestors and the ptracers it names: ranks are siblings, so each names any process of its
+  // user (PR_SET_PTRACER_ANY), as Open MPI's smsc/cma does; it then may be ptraced by them as with
+  // scope 0. 2 (admin only) and 3 (none) leave no such way.
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (yama && (yama >> scope) && scope != 0) {
+    return scope == 1 && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0;
+  }
+  return true;
 }
 
 const CommConfig& comm_config() {

@@ -196,7 +196,7 @@ struct CommState : std::enable_shared_from_this<CommState> {
 /// Whether peers can read and write this process's memory with process_vm_readv/writev
 /// (cross-memory attach, the single-copy path of Open MPI's vader and MPICH for private buffers):
 /// Yama's ptrace_scope 0, or 1 with this process naming any process of its user as a ptracer
-/// (done here, once), a dumpable process, and NODAL_CMA not 0. Read once.
+/// (done here), a dumpable process, and NODAL_CMA not 0. Asked at every open_comm.
 bool cma_allowed();
 
 /// The configuration from the environment (NODAL_SMALL_MAX_BYTES, NODAL_CHUNK_BYTES,

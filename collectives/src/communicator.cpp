@@ -415,10 +415,10 @@ inline void run(detail::CommState& c, const CollCall& call, Device device) {
       case CollKind::barrier: return gpu.barrier(stream);
       default: break;  // split and the v-variants never reach the GPU path
     }
-  } catch (const UsageError&) {
-    throw;
   } catch (const std::exception& e) {
-    // The agreement is done: the peers may wait for this rank's flags (CUDA IPC) or kernels (NCCL).
+    // The agreement is done (a mismatch threw before it): the peers may wait for this rank's flags
+    // (CUDA IPC) or kernels (NCCL), whatever this rank's error, a UsageError of its own included
+    // (its tensor on another device than the communicator's, NODAL_GPU_BACKEND set differently).
     detail::mark_comm_broken(c, call.kind, c.seq, e);
     throw;
   }

@@ -26,8 +26,9 @@
 //   yield when ranks outnumber cores, then futex).
 // - A rank whose call fails part-way with an error other than UsageError (a cross-memory copy the
 //   kernel refuses, no room in the arena, a GPU error) gets that error, and the communicator is
-//   broken: its peers' pending calls that wait for it and every later call on it, on every member,
-//   throw PeerFailure naming that rank and its error, even if the rank catches its error and goes on
+//   broken: its peers' pending calls that wait for it (on NCCL: any call a peer is in) and every
+//   later call on it, on every member, throw PeerFailure naming that rank and its error, even if
+//   the rank catches its error and goes on
 //   (ULFM's MPI_Comm_revoke, done without being asked). On cpu buffers a call that throws returns
 //   no buffer a peer still reads or writes, and a call that returns normally has the right result.
 // - A Communicator is a cheap handle (copies share one state); use it from one thread at a time

@@ -59,7 +59,9 @@ bool process_alive(int pid) noexcept;
 
 /// Whether process `pid` has exited: gone, or a zombie not yet reaped (state Z or X in
 /// /proc/<pid>/stat). False for pid <= 0. Unlike process_alive a zombie counts: for a wait on a
-/// peer that could still touch this process's memory, which a zombie cannot.
+/// peer that could still touch this process's memory, which a zombie cannot. Two limits: a
+/// process whose main thread called pthread_exit while others run reads as a zombie, and a pid
+/// reused by a new process reads as running.
 bool process_exited(int pid) noexcept;
 
 }  // namespace nodal::detail
