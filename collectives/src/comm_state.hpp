@@ -116,8 +116,8 @@ struct SharedComm {
   /// Set once, by the first member that left a call part-way (mark_comm_broken): an error other
   /// than a mismatch after its header was published, or a peer found gone. Its peers may be
   /// waiting for flags it will never publish: every wait of the communicator and every later call
-  /// throws PeerFailure with `broken_reason` instead (check_comm_intact). On a line of its own:
-  /// read by every waiter, written at most once.
+  /// throws PeerFailure with `broken_reason` instead (check_comm_intact). On a line of its own
+  /// with the claim and the reason: read by every waiter, each written at most once.
   alignas(kCacheLine) std::atomic<std::uint32_t> broken{0};  ///< 1 once `broken_reason` is written
   std::atomic<std::uint32_t> broken_claim{0};                ///< taken by the one member that writes it
   char broken_reason[248];
@@ -221,8 +221,9 @@ inline void publish(const CommState& comm, std::atomic<std::uint64_t>& flag, std
   publish(comm.shared->word, flag, value);
 }
 
-/// For a member that leaves call `seq` (a `kind`) part-way with `error`, anything but a
-/// UsageError (a mismatch: every member throws it) once its header is out: marks the communicator
+/// For a member that leaves call `seq` (a `kind`) part-way with `error` once its header is out
+/// (Call::run: anything but a UsageError, which a mismatch makes every member throw; run_on_gpu:
+/// anything after the agreement, its own UsageErrors included): marks the communicator
 /// broken (SharedComm::broken), unless a member already did or the job has failed (which ends
 /// every member already), and wakes its waiters. Without it, peers that wait for this member's
 /// flags would wait until the job ends, or for ever if the member catches the error and goes on
