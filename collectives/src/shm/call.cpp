@@ -105,15 +105,12 @@ void Call::run() {
   try {
     if (small && is_rooted(call_.kind)) {
       run_rooted_small();
-    } else if (small) {
-      publish_header(true, true);
-      run_lockstep(true);
     } else {
-      publish_header(false, true);
-      run_lockstep(false);
+      publish_header(small, true);
+      run_lockstep(small);
       // A store per call beyond the small path: no buffer of this call is touched any more (on
       // cuda tensors: the agreement is over; the GPU backend's own protocol covers the data).
-      publish_done();
+      if (!small) publish_done();
     }
   } catch (const UsageError&) {
     // A mismatch or unequal v-counts: every member that takes part throws it too, and touches no
