@@ -92,6 +92,7 @@ const CommConfig& comm_config() {
     // Below it the system call costs more than the second copy of staging (16 KiB: bench/results/
     // 2026-11-25-cma-threshold.md, 2x faster than staging at 32 KiB).
     c.cma_min_bytes = env_bytes("NODAL_CMA_MIN_BYTES", 16 * 1024, 0);
+    c.staging = staging_setting_from_env();
     // Checked here, where every rank passes before its first call, not at the first fold, which
     // only some ranks of a call make.
     check_reduce_isa_setting();
@@ -118,6 +119,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   state->size = static_cast<int>(global_ranks.size());
   state->global_ranks = std::move(global_ranks);
   state->config = comm_config();
+  state->staging_stores = StagingStores(state->config.staging);
   // A chunk holds one cache line per member at least.
   state->config.chunk_bytes = std::max(state->config.chunk_bytes, state->global_ranks.size() * kCacheLine);
   const std::size_t n = static_cast<std::size_t>(state->size);

@@ -7,6 +7,8 @@
 #include <nodal/detail/p2p_channel.hpp>  // step_flag
 #include <nodal/detail/wait.hpp>
 
+#include "shm/staging_stores.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -97,6 +99,7 @@ struct CommConfig {
   /// Bytes per rank from which copies of private buffers read the peers' memory with one
   /// process_vm_readv (shm/algorithm_table.hpp "cma") instead of staging them.
   std::size_t cma_min_bytes;
+  StagingSetting staging;  ///< NODAL_STAGING_STORES (shm/staging_stores.hpp)
   std::size_t slot_bytes() const;
   std::uint64_t slot_depth() const;  ///< slots per rank (kSlotBudget)
 };
@@ -150,6 +153,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   int splits = 0;                   ///< split() calls made so far
   /// create_group() calls made so far, per hash of (set of members, tag).
   std::map<std::uint64_t, int> groups;
+  /// The stores the pipelined copy path stages with (shm/staging_stores.hpp), chosen per call.
+  StagingStores staging_stores{StagingSetting::automatic};
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   /// send/recv's state, made by the first of them. A thread sending and one receiving may use the
   /// communicator at once (Communicator::send): the vectors are made and the channels looked up

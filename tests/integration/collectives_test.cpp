@@ -234,7 +234,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 /// The copy collectives' large-message paths for private buffers: cross-memory attach (one
 /// process_vm_readv per peer, the default where the kernel allows it) and staging through the ring
-/// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 2 get).
+/// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 2 get), its slices written with the
+/// stores chosen per call (shm/staging_stores.hpp) or with streaming stores every time
+/// (staged_streaming: NODAL_STAGING_STORES=streaming; the tails of slices that are not whole
+/// 64-byte rounds take copy_bytes' memcpy).
 class CopyPath : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CopyPath, GivesTheReferenceBits) {
@@ -249,6 +252,7 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   // scatter's and alltoall's slices). Ranks then spin without yielding: slower on 2 cores, not wrong.
   std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0", "-x",
                                       "NODAL_CROWDED=0"};
+  if (GetParam() == "staged_streaming") options.insert(options.end(), {"-x", "NODAL_STAGING_STORES=streaming"});
   ChildResult r = run_coll(n,
                            {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
                             cma ? "sizes=20003,65531" : "sizes=40003,100003,1000003", "dtypes=i8,f16,f64",
@@ -263,7 +267,7 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
 }
 
-INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged"),
+INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged", "staged_streaming"),
                          [](const auto& p) { return p.param; });
 
 TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {

@@ -8,7 +8,7 @@
 #include "copy.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <chrono>
 
 namespace nodal::detail {
 
@@ -51,10 +51,17 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   }
   bool i_produce = false;
   for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
+  // Staging: cached or streaming stores, this rank's choice per call (shm/staging_stores.hpp),
+  // timed from here to the call's end where this rank consumes too (allgather, alltoall).
+  const bool stages = i_produce && !direct;
+  const bool timed = stages && consumer(r_);
+  const std::size_t block_bytes = call_.count * esize;
+  const StagingMode stores = stages ? c_.staging_stores.choose(block_bytes, timed) : StagingMode::cached;
+  const auto staging_began = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   for (std::size_t i = 0; i < steps; ++i) {
     const std::size_t begin = i * per_step;
     const std::size_t len = std::min(per_step, call_.count - begin);
-    if (i_produce && !direct) {
+    if (stages) {
       if (i >= static_cast<std::size_t>(c_.config.ring_depth)) {
         for (int q = 0; q < n_; ++q) {
           if (q != r_ && consumer(q)) wait_consumed(q, i - c_.config.ring_depth);
@@ -62,8 +69,8 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
       }
       for (int q = 0; q < (per_consumer ? n_ : 1); ++q) {
         if (per_consumer && (q == r_ || !consumer(q))) continue;
-        std::memcpy(c_.stage(r_, i) + slot_of(r_, q) * per_step * esize,
-                    bytes(call_.input) + (in_block(q) + begin) * esize, len * esize);
+        copy_bytes(c_.stage(r_, i) + slot_of(r_, q) * per_step * esize, bytes(call_.input) + (in_block(q) + begin) * esize,
+                   len * esize, stores == StagingMode::streaming);
       }
       publish(c_, progress(r_).posted, flag(i));
     }
@@ -91,6 +98,11 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     for (int q = 0; q < n_; ++q) {
       if (q != r_ && consumer(q)) wait_consumed(q, steps - 1);
     }
+  }
+  if (timed) {
+    const auto took = std::chrono::steady_clock::now() - staging_began;
+    c_.staging_stores.record(block_bytes, stores,
+                             static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
   }
 }
 

@@ -1,0 +1,52 @@
+#include "shm/staging_stores.hpp"
+
+#include <nodal/errors.hpp>
+#include <nodal/detail/posix.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace nodal::detail {
+
+StagingSetting staging_setting_from_env() {
+  const std::string value = getenv_or_empty("NODAL_STAGING_STORES");
+  if (value.empty() || value == "auto") return StagingSetting::automatic;
+  if (value == "cached") return StagingSetting::cached;
+  if (value == "streaming") return StagingSetting::streaming;
+  throw UsageError(fmt::format("NODAL_STAGING_STORES='{}': use auto, cached or streaming", value));
+}
+
+std::size_t StagingStores::class_of(std::size_t block_bytes) {
+  return std::min<std::size_t>(static_cast<std::size_t>(std::bit_width(block_bytes)), 63);
+}
+
+double StagingStores::SizeClass::estimate(std::size_t mode) const {
+  double best = recent[mode][0];
+  for (std::uint64_t i = 1; i < std::min<std::uint64_t>(written[mode], kKept); ++i) best = std::min(best, recent[mode][i]);
+  return best;
+}
+
+StagingMode StagingStores::choose(std::size_t block_bytes, bool measurable) {
+  if (setting_ == StagingSetting::cached) return StagingMode::cached;
+  if (setting_ == StagingSetting::streaming) return StagingMode::streaming;
+  if (!measurable || !adaptive(block_bytes)) return StagingMode::cached;
+  SizeClass& c = classes_[class_of(block_bytes)];
+  // Each mode first, cached before streaming, until each has an estimate.
+  if (c.written[0] == 0) return StagingMode::cached;
+  if (c.written[1] == 0) return StagingMode::streaming;
+  const auto best = c.estimate(1) < c.estimate(0) ? StagingMode::streaming : StagingMode::cached;
+  const auto other = best == StagingMode::cached ? StagingMode::streaming : StagingMode::cached;
+  return ++c.calls % kExploreEvery >= kExploreEvery - kExploreCalls ? other : best;
+}
+
+void StagingStores::record(std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns) {
+  if (setting_ != StagingSetting::automatic || !adaptive(block_bytes)) return;
+  SizeClass& c = classes_[class_of(block_bytes)];
+  const auto m = static_cast<std::size_t>(mode);
+  c.recent[m][c.written[m]++ % kKept] = static_cast<double>(took_ns) / static_cast<double>(block_bytes);
+}
+
+}  // namespace nodal::detail

@@ -1,0 +1,168 @@
+// The choice between cached and streaming stores for staged copies (collectives/src/shm/
+// staging_stores.hpp), against a simulated machine whose costs per mode the test sets.
+#include "shm/staging_stores.hpp"
+
+#include <nodal/errors.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+using nodal::detail::StagingMode;
+using nodal::detail::StagingSetting;
+using nodal::detail::StagingStores;
+
+constexpr std::size_t kBlock = 512 << 10;  // inside the adaptive range
+constexpr StagingMode kCached = StagingMode::cached;
+constexpr StagingMode kStreaming = StagingMode::streaming;
+
+/// A machine on which a call of `kBlock` bytes takes `ns[mode]` (the same for every call).
+struct Machine {
+  double ns[2];
+  std::uint64_t took(StagingMode mode) const { return static_cast<std::uint64_t>(ns[static_cast<int>(mode)]); }
+};
+
+/// Runs `calls` calls of `block` bytes on `machine`; returns how many were streaming.
+int run(StagingStores& stores, const Machine& machine, int calls, std::size_t block = kBlock) {
+  int streaming = 0;
+  for (int i = 0; i < calls; ++i) {
+    const StagingMode mode = stores.choose(block, true);
+    streaming += mode == kStreaming;
+    stores.record(block, mode, machine.took(mode));
+  }
+  return streaming;
+}
+
+TEST(StagingStores, ForcedSettingsGiveTheirModeForEveryCall) {
+  StagingStores cached(StagingSetting::cached), streaming(StagingSetting::streaming);
+  for (std::size_t block : {std::size_t{64}, kBlock, std::size_t{64} << 20}) {
+    for (bool measurable : {true, false}) {
+      EXPECT_EQ(cached.choose(block, measurable), kCached);
+      EXPECT_EQ(streaming.choose(block, measurable), kStreaming);
+    }
+  }
+  // What they are told changes nothing.
+  const Machine slow_cached{{1e6, 1e3}};
+  EXPECT_EQ(run(cached, slow_cached, 300), 0);
+  EXPECT_EQ(run(streaming, Machine{{1e3, 1e6}}, 300), 300);
+}
+
+TEST(StagingStores, AutoStaysCachedOutsideItsRangeAndWhereTheCallIsNotMeasurable) {
+  StagingStores stores(StagingSetting::automatic);
+  const Machine slow_cached{{1e6, 1e3}};  // streaming would win by 1000x
+  EXPECT_EQ(run(stores, slow_cached, 300, StagingStores::kAdaptiveMinBytes - 1), 0);
+  EXPECT_EQ(run(stores, slow_cached, 300, StagingStores::kAdaptiveEndBytes), 0);
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(stores.choose(kBlock, false), kCached);
+  // The range's ends are in it and out of it, as documented.
+  EXPECT_TRUE(StagingStores::adaptive(StagingStores::kAdaptiveMinBytes));
+  EXPECT_FALSE(StagingStores::adaptive(StagingStores::kAdaptiveEndBytes));
+}
+
+TEST(StagingStores, AutoTriesBothThenTakesTheFasterAndExploresTheOther) {
+  StagingStores stores(StagingSetting::automatic);
+  const Machine fast_cached{{1000, 1800}};
+  // One call in each mode first.
+  std::string first;
+  for (int i = 0; i < 4; ++i) {
+    const StagingMode mode = stores.choose(kBlock, true);
+    first += mode == kCached ? 'c' : 's';
+    stores.record(kBlock, mode, fast_cached.took(mode));
+  }
+  EXPECT_EQ(first, "cscc");
+  // Then cached, with kExploreCalls streaming calls in every kExploreEvery.
+  const int windows = 10;
+  EXPECT_EQ(run(stores, fast_cached, windows * StagingStores::kExploreEvery),
+            windows * static_cast<int>(StagingStores::kExploreCalls));
+  // The other way round on a fresh chooser.
+  StagingStores other(StagingSetting::automatic);
+  EXPECT_EQ(run(other, Machine{{1800, 1000}}, 4), 3);
+  EXPECT_EQ(run(other, Machine{{1800, 1000}}, windows * StagingStores::kExploreEvery),
+            windows * static_cast<int>(StagingStores::kExploreEvery - StagingStores::kExploreCalls));
+}
+
+TEST(StagingStores, AutoFollowsTheMachineWhenItChangesState) {
+  StagingStores stores(StagingSetting::automatic);
+  const Machine near{{1000, 1800}}, far{{6000, 1600}};  // far: cached collapses (alltoall 512 KiB: 49 vs 345 us)
+  run(stores, near, 4 * StagingStores::kExploreEvery);
+  EXPECT_EQ(run(stores, near, StagingStores::kExploreEvery), static_cast<int>(StagingStores::kExploreCalls));
+  // Within one exploring window of the change it has switched, and stays switched.
+  run(stores, far, StagingStores::kExploreEvery + 1);
+  EXPECT_EQ(run(stores, far, StagingStores::kExploreEvery),
+            static_cast<int>(StagingStores::kExploreEvery - StagingStores::kExploreCalls));
+  // And back.
+  run(stores, near, StagingStores::kExploreEvery + 1);
+  EXPECT_EQ(run(stores, near, StagingStores::kExploreEvery), static_cast<int>(StagingStores::kExploreCalls));
+}
+
+TEST(StagingStores, ASlowFirstCallAfterASwitchDoesNotHideAFasterMode) {
+  // After streaming calls the ring's lines are in memory: the first cached call fetches them all
+  // and is slow. Were an exploration that one call, cached would never win back.
+  StagingStores stores(StagingSetting::automatic);
+  const Machine far{{6000, 1600}};
+  run(stores, far, 4 * StagingStores::kExploreEvery);  // settled on streaming
+  int streaming = 0;
+  bool last_cached = false;
+  for (int i = 0; i < 2 * static_cast<int>(StagingStores::kExploreEvery); ++i) {
+    const StagingMode mode = stores.choose(kBlock, true);
+    streaming += mode == kStreaming;
+    // near again, but each first cached call after streaming ones takes 100x as long
+    const bool first_cached = mode == kCached && !last_cached;
+    stores.record(kBlock, mode, mode == kStreaming ? 1800 : first_cached ? 100000 : 1000);
+    last_cached = mode == kCached;
+  }
+  EXPECT_LT(streaming, static_cast<int>(StagingStores::kExploreEvery)) << "it never went back to cached";
+}
+
+TEST(StagingStores, AnOccasionalSlowCallDoesNotSwitch) {
+  // Every 7th call of the chosen mode takes 10x as long (an interrupt, a preemption): the choice
+  // stays cached, streaming only for the exploring calls.
+  StagingStores stores(StagingSetting::automatic);
+  run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery);
+  int streaming = 0;
+  for (int i = 0; i < 10 * static_cast<int>(StagingStores::kExploreEvery); ++i) {
+    const StagingMode mode = stores.choose(kBlock, true);
+    streaming += mode == kStreaming;
+    stores.record(kBlock, mode, mode == kStreaming ? 1800 : i % 7 == 0 ? 10000 : 1000);
+  }
+  EXPECT_EQ(streaming, 10 * static_cast<int>(StagingStores::kExploreCalls));
+}
+
+TEST(StagingStores, SizeClassesChooseApart) {
+  StagingStores stores(StagingSetting::automatic);
+  run(stores, Machine{{6000, 1600}}, 4 * StagingStores::kExploreEvery, 512 << 10);
+  run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery, 2 << 20);
+  int streaming_small = 0, streaming_large = 0;
+  for (int i = 0; i < 100; ++i) {
+    streaming_small += stores.choose(512 << 10, true) == kStreaming;
+    streaming_large += stores.choose(2 << 20, true) == kStreaming;
+  }
+  EXPECT_GE(streaming_small, 95);
+  EXPECT_LE(streaming_large, 5);
+}
+
+TEST(StagingStores, TheSettingIsReadFromTheEnvironmentAndCheckedThere) {
+  const char* name = "NODAL_STAGING_STORES";
+  const char* saved = std::getenv(name);
+  const std::string before = saved ? saved : "";
+  auto read = [&](const char* value) {
+    if (value) ::setenv(name, value, 1); else ::unsetenv(name);
+    return nodal::detail::staging_setting_from_env();
+  };
+  EXPECT_EQ(read(nullptr), StagingSetting::automatic);
+  EXPECT_EQ(read(""), StagingSetting::automatic);
+  EXPECT_EQ(read("auto"), StagingSetting::automatic);
+  EXPECT_EQ(read("cached"), StagingSetting::cached);
+  EXPECT_EQ(read("streaming"), StagingSetting::streaming);
+  try {
+    read("nt");
+    ADD_FAILURE() << "no UsageError for 'nt'";
+  } catch (const nodal::UsageError& e) {
+    EXPECT_STREQ(e.what(), "NODAL_STAGING_STORES='nt': use auto, cached or streaming");
+  }
+  if (saved) ::setenv(name, before.c_str(), 1); else ::unsetenv(name);
+}
+
+}  // namespace
