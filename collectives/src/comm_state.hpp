@@ -55,6 +55,10 @@ struct CallHeader {
   std::uint32_t history;
   std::uint8_t out_arena;  ///< 1: this rank's output is in the arena at output_offset
   std::uint8_t on_gpu;     ///< 1: a call on cuda tensors (only the header is exchanged)
+  /// A StagingMode: the stores this rank asks its producers to stage the slices it reads with,
+  /// in a copy collective beyond the small path (shm/staging_stores.hpp). Not compared; stale
+  /// for a small call.
+  std::uint8_t staging;
   // Calls beyond the small path only (a small call's data is here instead).
   std::uint64_t input_offset;
   std::uint64_t output_offset;  ///< like input_offset, by out_arena

@@ -119,6 +119,19 @@ class Call {
   /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x.
   /// `toward_root`: gather or reduce (every peer sends), else only the root sends.
   void prefetch_next_slots(bool toward_root) const;
+  /// In a copy collective (broadcast, allgather, gather, scatter, alltoall): whether rank j
+  /// receives data from its peers (broadcast and scatter: all but the root; gather: the root; the
+  /// others: all).
+  bool reads_from_peers(int j) const {
+    switch (call_.kind) {
+      case CollKind::broadcast:
+      case CollKind::scatter: return j != call_.root;
+      case CollKind::gather: return j == call_.root;
+      case CollKind::allgather:
+      case CollKind::alltoall: return true;
+      default: return false;
+    }
+  }
   bool all_in_arena() const;
   /// Whether every rank's input is its output (read from the headers: the same on every rank).
   bool all_in_place() const;

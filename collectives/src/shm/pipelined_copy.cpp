@@ -20,13 +20,10 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   const bool direct = in_place || cma;
   const CollKind kind = call_.kind;
   const bool rooted_producer = kind == CollKind::broadcast || kind == CollKind::scatter;
-  const bool rooted_consumer = kind == CollKind::gather;
   const bool per_consumer = kind == CollKind::scatter || kind == CollKind::alltoall;
   auto producer = [&](int j) { return !rooted_producer || j == call_.root; };
-  auto consumer = [&](int j) {
-    if (kind == CollKind::broadcast) return j != call_.root;
-    return !rooted_consumer || j == call_.root;
-  };
+  // scatter's root copies its own block out too.
+  auto consumer = [&](int j) { return reads_from_peers(j) || (kind == CollKind::scatter && j == call_.root); };
   // Where in producer p's ring entry consumer q's slice goes. scatter's root stages a slice for
   // every other rank, its own block never (2 ranks: whole-entry slices, 1.07-1.2x at 1-4 MiB);
   // alltoall keeps a slot per rank, its own unused: its half-entry slices beat whole ones on
@@ -51,13 +48,17 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   }
   bool i_produce = false;
   for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
-  // Staging: cached or streaming stores, this rank's choice per call (shm/staging_stores.hpp),
-  // timed from here to the call's end where this rank consumes too (allgather, alltoall).
+  // Staging: with the stores each consumer asked for in its header (its choice per call,
+  // shm/staging_stores.hpp). A slice that several consumers read (broadcast, allgather, gather) is
+  // streamed if any of them asked for it. A consumer times the call from here to its end, as its
+  // copies out of the slices are what the stores change, where every slice it reads came as it
+  // asked: not where it asked for cached stores and another reader of shared slices for streaming.
   const bool stages = i_produce && !direct;
-  const bool timed = stages && consumer(r_);
-  const std::size_t block_bytes = call_.count * esize;
-  const StagingMode stores = stages ? c_.staging_stores.choose(block_bytes, timed) : StagingMode::cached;
-  const auto staging_began = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  auto wants_streaming = [&](int q) { return c_.header(q, seq_).staging == static_cast<std::uint8_t>(StagingMode::streaming); };
+  bool others_stream = false;  // another reader asked for streaming stores
+  for (int q = 0; q < n_; ++q) others_stream = others_stream || (q != r_ && reads_from_peers(q) && wants_streaming(q));
+  const bool timed = reads_from_peers(r_) && !direct && (per_consumer || wants_streaming(r_) || !others_stream);
+  const auto began = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   for (std::size_t i = 0; i < steps; ++i) {
     const std::size_t begin = i * per_step;
     const std::size_t len = std::min(per_step, call_.count - begin);
@@ -70,7 +71,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
       for (int q = 0; q < (per_consumer ? n_ : 1); ++q) {
         if (per_consumer && (q == r_ || !consumer(q))) continue;
         copy_bytes(c_.stage(r_, i) + slot_of(r_, q) * per_step * esize, bytes(call_.input) + (in_block(q) + begin) * esize,
-                   len * esize, stores == StagingMode::streaming);
+                   len * esize, per_consumer ? wants_streaming(q) : others_stream);
       }
       publish(c_, progress(r_).posted, flag(i));
     }
@@ -100,9 +101,9 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     }
   }
   if (timed) {
-    const auto took = std::chrono::steady_clock::now() - staging_began;
-    c_.staging_stores.record(block_bytes, stores,
-                             static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
+    const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began);
+    c_.staging_stores.record(call_.count * esize, static_cast<StagingMode>(c_.header(r_, seq_).staging),
+                             static_cast<std::uint64_t>(took.count()));
   }
 }
 

@@ -29,14 +29,15 @@ double StagingStores::SizeClass::estimate(std::size_t mode) const {
   return best;
 }
 
-StagingMode StagingStores::choose(std::size_t block_bytes, bool measurable) {
+StagingMode StagingStores::choose(std::size_t block_bytes) {
   if (setting_ == StagingSetting::cached) return StagingMode::cached;
   if (setting_ == StagingSetting::streaming) return StagingMode::streaming;
-  if (!measurable || !adaptive(block_bytes)) return StagingMode::cached;
+  if (!adaptive(block_bytes)) return StagingMode::cached;
   SizeClass& c = classes_[class_of(block_bytes)];
-  // Each mode first, cached before streaming, until each has an estimate.
-  if (c.written[0] == 0) return StagingMode::cached;
-  if (c.written[1] == 0) return StagingMode::streaming;
+  // Each mode kExploreCalls times first, cached before streaming: the first call of a size may
+  // fault its pages in, and the first in a mode after the other is not its steady state (below).
+  if (c.written[0] < kExploreCalls) return StagingMode::cached;
+  if (c.written[1] < kExploreCalls) return StagingMode::streaming;
   const auto best = c.estimate(1) < c.estimate(0) ? StagingMode::streaming : StagingMode::cached;
   const auto other = best == StagingMode::cached ? StagingMode::streaming : StagingMode::cached;
   return ++c.calls % kExploreEvery >= kExploreEvery - kExploreCalls ? other : best;

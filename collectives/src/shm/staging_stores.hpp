@@ -9,12 +9,13 @@
 // producer's cache: alltoall of 512 KiB on 2 ranks took 49 us in the first state and 345 us in the
 // second, where every such line crosses between dies while both ranks copy at once. Streaming
 // stores send the slices to memory: 83 us in the second state, but 1.3-2.1x slower than cached
-// stores in the first. So each rank picks per call, from what its own calls measured: the
-// epsilon-greedy rule of the two-armed bandit (Sutton & Barto, Reinforcement Learning, 2nd ed.,
-// section 2.2), per size class of the call's blocks. It takes the mode whose recent calls took
-// less time per byte, and the other one for kExploreCalls calls in every kExploreEvery, so that a
-// change of state shows within kExploreEvery calls. The choice is this rank's alone: consumers copy the slices the
-// same way whichever stores wrote them.
+// stores in the first. So each consumer picks per call, from what its own calls measured, and asks
+// its producers for those stores in its call header (CallHeader::staging): the epsilon-greedy rule
+// of the two-armed bandit (Sutton & Barto, Reinforcement Learning, 2nd ed., section 2.2), per size
+// class of the call's blocks. It takes the mode whose recent calls took less time per byte, and the
+// other one for kExploreCalls calls in every kExploreEvery, so that a change of state shows within
+// kExploreEvery calls. The consumer decides because its copies are what the stores change: a
+// producer that only produces (gather's peers, broadcast's root) returns before they are done.
 #pragma once
 
 #include <array>
@@ -34,7 +35,7 @@ enum class StagingSetting : std::uint8_t { automatic, cached, streaming };
 /// Throws UsageError naming the variable and the values allowed for any other value.
 StagingSetting staging_setting_from_env();
 
-/// One communicator's choice on one rank (CommState::staging_stores). Not thread-safe: a
+/// One communicator's choices on one rank (CommState::staging_stores). Not thread-safe: a
 /// communicator's calls run one at a time (on the caller's thread or its progress thread).
 class StagingStores {
  public:
@@ -58,13 +59,11 @@ class StagingStores {
 
   explicit StagingStores(StagingSetting setting) : setting_(setting) {}
 
-  /// The stores for a call whose blocks are `block_bytes` each. `measurable`: the rank consumes
-  /// in the call too, so that its time includes its consumers' copies (allgather, alltoall); where
-  /// it does not, `auto` gives cached stores (a producer timing only its own staging would pick
-  /// streaming where that slows its consumers: gather at 512 KiB on 2 ranks took 1.5x as long).
-  StagingMode choose(std::size_t block_bytes, bool measurable);
-  /// What a measurable call took while staging with `mode`: from its first staged slice to its
-  /// end, ns. Under `auto` only; the others ignore it.
+  /// The stores this rank, as a consumer, asks its producers for in a call whose blocks are
+  /// `block_bytes` each (CallHeader::staging).
+  StagingMode choose(std::size_t block_bytes);
+  /// What that call took this rank with `mode` asked for: from its start on the pipelined copy
+  /// path to its end, ns. Under `auto` only; the others ignore it.
   void record(std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns);
 
  private:
