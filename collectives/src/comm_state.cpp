@@ -20,7 +20,7 @@
 namespace nodal::detail {
 namespace {
 
-constexpr std::uint64_t kCommMagic = 0x336d6d6f632d6c6eULL;  // "nl-comm3": CallHeader and SharedComm as of 2026-11-29
+constexpr std::uint64_t kCommMagic = 0x346d6d6f632d6c6eULL;  // "nl-comm4": CallHeader (staging) and SharedComm as of 2026-11-29
 
 std::size_t env_bytes(const char* name, std::size_t fallback, std::size_t minimum) {
   std::string text = getenv_or_empty(name);
