@@ -157,8 +157,9 @@ struct CommState : std::enable_shared_from_this<CommState> {
   int splits = 0;                   ///< split() calls made so far
   /// create_group() calls made so far, per hash of (set of members, tag).
   std::map<std::uint64_t, int> groups;
-  /// The stores the pipelined copy path stages with (shm/staging_stores.hpp), chosen per call.
-  StagingStores staging_stores{StagingSetting::automatic};
+  /// What this rank, reading a staged copy, asks its producers to stage with
+  /// (shm/staging_stores.hpp); open_comm makes it from config.staging and the rank.
+  StagingStores staging_stores{StagingSetting::automatic, 0};
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   /// send/recv's state, made by the first of them. A thread sending and one receiving may use the
   /// communicator at once (Communicator::send): the vectors are made and the channels looked up

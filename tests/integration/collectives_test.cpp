@@ -237,7 +237,8 @@ INSTANTIATE_TEST_SUITE_P(
 /// (NODAL_CMA=0, what machines with Yama's ptrace_scope >= 2 get), its slices written with the
 /// stores chosen per call (shm/staging_stores.hpp) or with streaming stores every time
 /// (staged_streaming: NODAL_STAGING_STORES=streaming; the tails of slices that are not whole
-/// 64-byte rounds take copy_bytes' memcpy).
+/// 64-byte rounds take copy_bytes' memcpy), or by rank (staged_mixed: a slice several ranks read
+/// is streamed if any asks, the others as their reader asks).
 class CopyPath : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CopyPath, GivesTheReferenceBits) {
@@ -253,11 +254,12 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   std::vector<std::string> options = {"--shm-size", "2G", "-x", cma ? "NODAL_CMA=1" : "NODAL_CMA=0", "-x",
                                       "NODAL_CROWDED=0"};
   if (GetParam() == "staged_streaming") options.insert(options.end(), {"-x", "NODAL_STAGING_STORES=streaming"});
-  ChildResult r = run_coll(n,
-                           {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                            cma ? "sizes=20003,65531" : "sizes=40003,100003,1000003", "dtypes=i8,f16,f64",
-                            "variants=raw/out/private,tensor/out/private,tensor/in/shared"},
-                           options);
+  std::vector<std::string> args = {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
+                                   cma ? "sizes=20003,65531" : "sizes=40003,100003,1000003", "dtypes=i8,f16,f64",
+                                   "variants=raw/out/private,tensor/out/private,tensor/in/shared"};
+  // Readers asking for different stores in one call: ranks 0 and 2 streaming, rank 1 cached.
+  if (GetParam() == "staged_mixed") args.push_back("staging_by_rank=streaming:cached:streaming");
+  ChildResult r = run_coll(n, args, options);
   // cma: all from 16 KiB (NODAL_CMA_MIN_BYTES) below 512 KiB per rank (cma_copy_end_bytes); staged: up to 8 MB, one to many chunks
   // through the ring.
   expect_all_ranks_ok(r, n);
@@ -267,7 +269,7 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   EXPECT_GT(algorithms["shared:in_place"], 0) << describe(algorithms);
 }
 
-INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged", "staged_streaming"),
+INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged", "staged_streaming", "staged_mixed"),
                          [](const auto& p) { return p.param; });
 
 TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {

@@ -1943,6 +1943,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "coll_program: %s\n", e.what());
     return 64;
   }
+  // staging_by_rank=M0:M1:...: rank r stages with NODAL_STAGING_STORES=Mr (read when its first
+  // communicator opens, after this), so that one call mixes the stores its readers ask for.
+  if (const std::string by_rank = options.get("staging_by_rank", std::string()); !by_rank.empty()) {
+    std::vector<std::string> modes;
+    for (std::size_t at = 0; at <= by_rank.size();) {
+      const std::size_t end = std::min(by_rank.find(':', at), by_rank.size());
+      modes.push_back(by_rank.substr(at, end - at));
+      at = end + 1;
+    }
+    ::setenv("NODAL_STAGING_STORES", modes[static_cast<std::size_t>(ctx.rank()) % modes.size()].c_str(), 1);
+  }
   int rc = 64;
   if (mode == "matrix")
     rc = matrix(ctx, options);

@@ -2,6 +2,8 @@
 // staging_stores.hpp), against a simulated machine whose costs per mode the test sets.
 #include "shm/staging_stores.hpp"
 
+#include "comm_state.hpp"  // CollKind
+
 #include <nodal/errors.hpp>
 
 #include <gtest/gtest.h>
@@ -11,11 +13,13 @@
 
 namespace {
 
+using nodal::detail::CollKind;
 using nodal::detail::StagingMode;
 using nodal::detail::StagingSetting;
 using nodal::detail::StagingStores;
 
 constexpr std::size_t kBlock = 512 << 10;  // inside the adaptive range
+constexpr CollKind kKind = CollKind::alltoall;
 constexpr StagingMode kCached = StagingMode::cached;
 constexpr StagingMode kStreaming = StagingMode::streaming;
 
@@ -29,18 +33,18 @@ struct Machine {
 int run(StagingStores& stores, const Machine& machine, int calls, std::size_t block = kBlock) {
   int streaming = 0;
   for (int i = 0; i < calls; ++i) {
-    const StagingMode mode = stores.choose(block);
+    const StagingMode mode = stores.choose(kKind, block);
     streaming += mode == kStreaming;
-    stores.record(block, mode, machine.took(mode));
+    stores.record(kKind, block, mode, machine.took(mode));
   }
   return streaming;
 }
 
 TEST(StagingStores, ForcedSettingsGiveTheirModeForEveryCall) {
-  StagingStores cached(StagingSetting::cached), streaming(StagingSetting::streaming);
+  StagingStores cached(StagingSetting::cached, 0), streaming(StagingSetting::streaming, 0);
   for (std::size_t block : {std::size_t{64}, kBlock, std::size_t{64} << 20}) {
-    EXPECT_EQ(cached.choose(block), kCached);
-    EXPECT_EQ(streaming.choose(block), kStreaming);
+    EXPECT_EQ(cached.choose(kKind, block), kCached);
+    EXPECT_EQ(streaming.choose(kKind, block), kStreaming);
   }
   // What they are told changes nothing.
   const Machine slow_cached{{1e6, 1e3}};
@@ -49,7 +53,7 @@ TEST(StagingStores, ForcedSettingsGiveTheirModeForEveryCall) {
 }
 
 TEST(StagingStores, AutoStaysCachedOutsideItsRange) {
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   const Machine slow_cached{{1e6, 1e3}};  // streaming would win by 1000x
   EXPECT_EQ(run(stores, slow_cached, 300, StagingStores::kAdaptiveMinBytes - 1), 0);
   EXPECT_EQ(run(stores, slow_cached, 300, StagingStores::kAdaptiveEndBytes), 0);
@@ -59,14 +63,14 @@ TEST(StagingStores, AutoStaysCachedOutsideItsRange) {
 }
 
 TEST(StagingStores, AutoTriesBothThenTakesTheFasterAndExploresTheOther) {
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   const Machine fast_cached{{1000, 1800}};
   // Two calls in each mode first.
   std::string first;
   for (int i = 0; i < 4; ++i) {
-    const StagingMode mode = stores.choose(kBlock);
+    const StagingMode mode = stores.choose(kKind, kBlock);
     first += mode == kCached ? 'c' : 's';
-    stores.record(kBlock, mode, fast_cached.took(mode));
+    stores.record(kKind, kBlock, mode, fast_cached.took(mode));
   }
   EXPECT_EQ(first, "ccss");
   // Then cached, with kExploreCalls streaming calls in every kExploreEvery.
@@ -74,14 +78,14 @@ TEST(StagingStores, AutoTriesBothThenTakesTheFasterAndExploresTheOther) {
   EXPECT_EQ(run(stores, fast_cached, windows * StagingStores::kExploreEvery),
             windows * static_cast<int>(StagingStores::kExploreCalls));
   // The other way round on a fresh chooser.
-  StagingStores other(StagingSetting::automatic);
+  StagingStores other(StagingSetting::automatic, 0);
   EXPECT_EQ(run(other, Machine{{1800, 1000}}, 4), 2);
   EXPECT_EQ(run(other, Machine{{1800, 1000}}, windows * StagingStores::kExploreEvery),
             windows * static_cast<int>(StagingStores::kExploreEvery - StagingStores::kExploreCalls));
 }
 
 TEST(StagingStores, AutoFollowsTheMachineWhenItChangesState) {
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   const Machine near{{1000, 1800}}, far{{6000, 1600}};  // far: cached collapses (alltoall 512 KiB: 49 vs 345 us)
   run(stores, near, 4 * StagingStores::kExploreEvery);
   EXPECT_EQ(run(stores, near, StagingStores::kExploreEvery), static_cast<int>(StagingStores::kExploreCalls));
@@ -97,31 +101,31 @@ TEST(StagingStores, AutoFollowsTheMachineWhenItChangesState) {
 TEST(StagingStores, ASlowFirstCallAfterASwitchDoesNotHideAFasterMode) {
   // After streaming calls the ring's lines are in memory: the first cached call fetches them all
   // and is slow. Were an exploration that one call, cached would never win back.
-  StagingStores stores(StagingSetting::automatic);
-  const Machine far{{6000, 1600}};
-  run(stores, far, 4 * StagingStores::kExploreEvery);  // settled on streaming
-  int streaming = 0;
+  StagingStores stores(StagingSetting::automatic, 0);
+  run(stores, Machine{{6000, 1600}}, 4 * StagingStores::kExploreEvery);  // settled on streaming
   bool last_cached = false;
-  for (int i = 0; i < 2 * static_cast<int>(StagingStores::kExploreEvery); ++i) {
-    const StagingMode mode = stores.choose(kBlock);
-    streaming += mode == kStreaming;
-    // near again, but each first cached call after streaming ones takes 100x as long
+  auto call = [&] {  // near again, but each first cached call after streaming ones takes 100x as long
+    const StagingMode mode = stores.choose(kKind, kBlock);
     const bool first_cached = mode == kCached && !last_cached;
-    stores.record(kBlock, mode, mode == kStreaming ? 1800 : first_cached ? 100000 : 1000);
+    stores.record(kKind, kBlock, mode, mode == kStreaming ? 1800 : first_cached ? 100000 : 1000);
     last_cached = mode == kCached;
-  }
-  EXPECT_LT(streaming, static_cast<int>(StagingStores::kExploreEvery)) << "it never went back to cached";
+    return mode == kStreaming;
+  };
+  for (int i = 0; i < 2 * static_cast<int>(StagingStores::kExploreEvery); ++i) call();
+  int streaming = 0;
+  for (int i = 0; i < static_cast<int>(StagingStores::kExploreEvery); ++i) streaming += call();
+  EXPECT_EQ(streaming, static_cast<int>(StagingStores::kExploreCalls)) << "it did not go back to cached";
 }
 
 TEST(StagingStores, AColdFirstCallDoesNotDecide) {
   // The first call of a size faults its output's pages in: 50x as long. Decided on that one call,
   // streaming would run until the first exploration (all of a short run).
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   int streaming = 0;
   for (int i = 0; i < 100; ++i) {
-    const StagingMode mode = stores.choose(kBlock);
+    const StagingMode mode = stores.choose(kKind, kBlock);
     streaming += mode == kStreaming;
-    stores.record(kBlock, mode, i == 0 ? 50000 : mode == kStreaming ? 1800 : 1000);
+    stores.record(kKind, kBlock, mode, i == 0 ? 50000 : mode == kStreaming ? 1800 : 1000);
   }
   EXPECT_EQ(streaming, 2) << "only the two calls that learn streaming's time";
 }
@@ -129,25 +133,79 @@ TEST(StagingStores, AColdFirstCallDoesNotDecide) {
 TEST(StagingStores, AnOccasionalSlowCallDoesNotSwitch) {
   // Every 7th call of the chosen mode takes 10x as long (an interrupt, a preemption): the choice
   // stays cached, streaming only for the exploring calls.
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery);
   int streaming = 0;
   for (int i = 0; i < 10 * static_cast<int>(StagingStores::kExploreEvery); ++i) {
-    const StagingMode mode = stores.choose(kBlock);
+    const StagingMode mode = stores.choose(kKind, kBlock);
     streaming += mode == kStreaming;
-    stores.record(kBlock, mode, mode == kStreaming ? 1800 : i % 7 == 0 ? 10000 : 1000);
+    stores.record(kKind, kBlock, mode, mode == kStreaming ? 1800 : i % 7 == 0 ? 10000 : 1000);
   }
   EXPECT_EQ(streaming, 10 * static_cast<int>(StagingStores::kExploreCalls));
 }
 
+TEST(StagingStores, OnlyRecordedCallsTakeExploringTurns) {
+  // Calls that were not staged (cma, in place) or not as asked are not recorded: however many
+  // there are, the exploring turns wait for recorded ones, which alone measure anything.
+  StagingStores stores(StagingSetting::automatic, 0);
+  run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery);
+  int streaming = 0;
+  for (int i = 0; i < 1000; ++i) {
+    streaming += stores.choose(kKind, kBlock) == kStreaming;
+    if (i % 10 == 9) stores.record(kKind, kBlock, kCached, 1000);  // one call in 10 recorded
+  }
+  // 100 recorded calls: at most one exploring turn pair, each turn asked for until recorded.
+  EXPECT_LE(streaming, 20);
+  EXPECT_GE(streaming, 0);
+  const int explored = run(stores, Machine{{1000, 1800}}, StagingStores::kExploreEvery);
+  EXPECT_EQ(explored, static_cast<int>(StagingStores::kExploreCalls));
+}
+
+TEST(StagingStores, ReadersOfASharedSliceDoNotStickToStreaming) {
+  // broadcast to two readers: the root streams the slice if either asks for it, and each reader
+  // records the call under what came. Reader 2 sits where cached copies collapse for a while, then
+  // not any more; reader 1 never does. Exploring together (the same rank's turns), reader 1 would
+  // never see cached stores again once reader 2 preferred streaming; at their own turns, each one's
+  // cached turn comes while the other asks for cached too.
+  StagingStores one(StagingSetting::automatic, 1), two(StagingSetting::automatic, 2);
+  auto call = [&](double two_cached_ns) {
+    const StagingMode a = one.choose(kKind, kBlock), b = two.choose(kKind, kBlock);
+    const StagingMode came = a == kStreaming || b == kStreaming ? kStreaming : kCached;
+    one.record(kKind, kBlock, came, came == kStreaming ? 1800 : 1000);
+    two.record(kKind, kBlock, came, came == kStreaming ? 1600 : static_cast<std::uint64_t>(two_cached_ns));
+    return came == kStreaming;
+  };
+  for (int i = 0; i < 4 * static_cast<int>(StagingStores::kExploreEvery); ++i) call(6000);  // reader 2 collapsed
+  int streamed = 0;
+  for (int i = 0; i < 4 * static_cast<int>(StagingStores::kExploreEvery); ++i) streamed += call(6000);
+  EXPECT_GE(streamed, 4 * static_cast<int>(StagingStores::kExploreEvery) - 8);
+  for (int i = 0; i < 2 * static_cast<int>(StagingStores::kExploreEvery); ++i) call(1000);  // both near again
+  streamed = 0;
+  for (int i = 0; i < 4 * static_cast<int>(StagingStores::kExploreEvery); ++i) streamed += call(1000);
+  EXPECT_LE(streamed, 4 * 2 * static_cast<int>(StagingStores::kExploreCalls)) << "stuck on streaming";
+}
+
+TEST(StagingStores, SizeClassesAndKindsChooseApart) {
+  StagingStores stores(StagingSetting::automatic, 0);
+  run(stores, Machine{{6000, 1600}}, 4 * StagingStores::kExploreEvery, 512 << 10);
+  run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery, 2 << 20);
+  int broadcast_streaming = 0;
+  for (int i = 0; i < 100; ++i) {
+    const StagingMode mode = stores.choose(CollKind::broadcast, 512 << 10);  // nothing learnt for broadcast yet
+    broadcast_streaming += mode == kStreaming;
+    stores.record(CollKind::broadcast, 512 << 10, mode, mode == kStreaming ? 1800 : 1000);
+  }
+  EXPECT_EQ(broadcast_streaming, 2);
+}
+
 TEST(StagingStores, SizeClassesChooseApart) {
-  StagingStores stores(StagingSetting::automatic);
+  StagingStores stores(StagingSetting::automatic, 0);
   run(stores, Machine{{6000, 1600}}, 4 * StagingStores::kExploreEvery, 512 << 10);
   run(stores, Machine{{1000, 1800}}, 4 * StagingStores::kExploreEvery, 2 << 20);
   int streaming_small = 0, streaming_large = 0;
   for (int i = 0; i < 100; ++i) {
-    streaming_small += stores.choose(512 << 10) == kStreaming;
-    streaming_large += stores.choose(2 << 20) == kStreaming;
+    streaming_small += stores.choose(kKind, 512 << 10) == kStreaming;
+    streaming_large += stores.choose(kKind, 2 << 20) == kStreaming;
   }
   EXPECT_GE(streaming_small, 95);
   EXPECT_LE(streaming_large, 5);

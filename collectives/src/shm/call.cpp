@@ -199,7 +199,7 @@ void Call::publish_header(bool small, bool wake) {
     h.out_arena = call_.output != nullptr && arena.contains(call_.output);
     h.output_offset = h.out_arena ? arena.offset_of(call_.output) : reinterpret_cast<std::uintptr_t>(call_.output);
     // The stores I ask for the slices I read, should the call be staged (shm/pipelined_copy.cpp).
-    h.staging = static_cast<std::uint8_t>(reads_from_peers(r_) ? c_.staging_stores.choose(call_.count * esize_)
+    h.staging = static_cast<std::uint8_t>(reads_from_peers(r_) ? c_.staging_stores.choose(call_.kind, call_.count * esize_)
                                                                : StagingMode::cached);
   }
   h.on_gpu = call_.on_gpu;

@@ -48,16 +48,27 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   }
   bool i_produce = false;
   for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
-  // Staging: with the stores each consumer asked for in its header (its choice per call,
-  // shm/staging_stores.hpp). A slice that several consumers read (broadcast, allgather, gather) is
-  // streamed if any of them asked for it. A consumer times the call from here to its end, as its
-  // copies out of the slices are what the stores change, where every slice it reads came as it
-  // asked: not where it asked for cached stores and another reader of shared slices for streaming.
+  // Staging: with the stores each reader asked for in its header (its choice per call,
+  // shm/staging_stores.hpp). A slice from p that several ranks read (broadcast, allgather, gather)
+  // is streamed if any of them asked for it; one for q alone (scatter, alltoall) as q asked.
   const bool stages = i_produce && !direct;
   auto wants_streaming = [&](int q) { return c_.header(q, seq_).staging == static_cast<std::uint8_t>(StagingMode::streaming); };
-  bool others_stream = false;  // another reader asked for streaming stores
-  for (int q = 0; q < n_; ++q) others_stream = others_stream || (q != r_ && reads_from_peers(q) && wants_streaming(q));
-  const bool timed = reads_from_peers(r_) && !direct && (per_consumer || wants_streaming(r_) || !others_stream);
+  auto streamed = [&](int p, int q) {  // the slice producer p stages for reader q
+    if (per_consumer) return wants_streaming(q);
+    for (int j = 0; j < n_; ++j) {
+      if (j != p && reads_from_peers(j) && wants_streaming(j)) return true;
+    }
+    return false;
+  };
+  // A reader times the call from here to its end (its copies out of the slices are what the
+  // stores change) where every slice it reads came with the same stores, and records it under those.
+  int read_in = -1;  // the mode every slice this rank reads came in; -1: none yet, 2: mixed
+  for (int p = 0; reads_from_peers(r_) && !direct && p < n_; ++p) {
+    if (p == r_ || !producer(p)) continue;
+    const int mode = streamed(p, r_) ? 1 : 0;
+    read_in = read_in < 0 || read_in == mode ? mode : 2;
+  }
+  const bool timed = read_in == 0 || read_in == 1;
   const auto began = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   for (std::size_t i = 0; i < steps; ++i) {
     const std::size_t begin = i * per_step;
@@ -71,7 +82,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
       for (int q = 0; q < (per_consumer ? n_ : 1); ++q) {
         if (per_consumer && (q == r_ || !consumer(q))) continue;
         copy_bytes(c_.stage(r_, i) + slot_of(r_, q) * per_step * esize, bytes(call_.input) + (in_block(q) + begin) * esize,
-                   len * esize, per_consumer ? wants_streaming(q) : others_stream);
+                   len * esize, streamed(r_, q));
       }
       publish(c_, progress(r_).posted, flag(i));
     }
@@ -102,7 +113,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   }
   if (timed) {
     const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began);
-    c_.staging_stores.record(call_.count * esize, static_cast<StagingMode>(c_.header(r_, seq_).staging),
+    c_.staging_stores.record(kind, call_.count * esize, static_cast<StagingMode>(read_in),
                              static_cast<std::uint64_t>(took.count()));
   }
 }

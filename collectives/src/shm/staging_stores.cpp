@@ -19,8 +19,14 @@ StagingSetting staging_setting_from_env() {
   throw UsageError(fmt::format("NODAL_STAGING_STORES='{}': use auto, cached or streaming", value));
 }
 
-std::size_t StagingStores::class_of(std::size_t block_bytes) {
-  return std::min<std::size_t>(static_cast<std::size_t>(std::bit_width(block_bytes)), 63);
+static_assert(std::bit_width(StagingStores::kAdaptiveMinBytes) == 17 && std::bit_width(StagingStores::kAdaptiveEndBytes - 1) == 23,
+              "kWidths covers the adaptive range");
+
+StagingStores::SizeClass* StagingStores::find(std::array<SizeClass, kKinds * kWidths>& classes, CollKind kind,
+                                              std::size_t block_bytes) {
+  const auto k = static_cast<std::size_t>(kind);
+  if (k >= kKinds || !adaptive(block_bytes)) return nullptr;
+  return &classes[k * kWidths + static_cast<std::size_t>(std::bit_width(block_bytes)) - 17];
 }
 
 double StagingStores::SizeClass::estimate(std::size_t mode) const {
@@ -29,25 +35,29 @@ double StagingStores::SizeClass::estimate(std::size_t mode) const {
   return best;
 }
 
-StagingMode StagingStores::choose(std::size_t block_bytes) {
+StagingMode StagingStores::choose(CollKind kind, std::size_t block_bytes) {
   if (setting_ == StagingSetting::cached) return StagingMode::cached;
   if (setting_ == StagingSetting::streaming) return StagingMode::streaming;
-  if (!adaptive(block_bytes)) return StagingMode::cached;
-  SizeClass& c = classes_[class_of(block_bytes)];
+  const SizeClass* c = find(classes_, kind, block_bytes);
+  if (c == nullptr) return StagingMode::cached;
   // Each mode kExploreCalls times first, cached before streaming: the first call of a size may
-  // fault its pages in, and the first in a mode after the other is not its steady state (below).
-  if (c.written[0] < kExploreCalls) return StagingMode::cached;
-  if (c.written[1] < kExploreCalls) return StagingMode::streaming;
-  const auto best = c.estimate(1) < c.estimate(0) ? StagingMode::streaming : StagingMode::cached;
+  // fault its pages in, and the first in a mode after the other is not its steady state.
+  if (c->written[0] < kExploreCalls) return StagingMode::cached;
+  if (c->written[1] < kExploreCalls) return StagingMode::streaming;
+  const auto best = c->estimate(1) < c->estimate(0) ? StagingMode::streaming : StagingMode::cached;
   const auto other = best == StagingMode::cached ? StagingMode::streaming : StagingMode::cached;
-  return ++c.calls % kExploreEvery >= kExploreEvery - kExploreCalls ? other : best;
+  // The cycle counts recorded calls: calls that were not staged (cma, in place), or not staged as
+  // this rank asked, measure nothing, and must not take the exploring turns.
+  const std::uint64_t turn = (c->written[0] + c->written[1] + std::uint64_t{rank_} * kExploreCalls) % kExploreEvery;
+  return turn >= kExploreEvery - kExploreCalls ? other : best;
 }
 
-void StagingStores::record(std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns) {
-  if (setting_ != StagingSetting::automatic || !adaptive(block_bytes)) return;
-  SizeClass& c = classes_[class_of(block_bytes)];
+void StagingStores::record(CollKind kind, std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns) {
+  if (setting_ != StagingSetting::automatic) return;
+  SizeClass* c = find(classes_, kind, block_bytes);
+  if (c == nullptr) return;
   const auto m = static_cast<std::size_t>(mode);
-  c.recent[m][c.written[m]++ % kKept] = static_cast<double>(took_ns) / static_cast<double>(block_bytes);
+  c->recent[m][c->written[m]++ % kKept] = static_cast<double>(took_ns) / static_cast<double>(block_bytes);
 }
 
 }  // namespace nodal::detail

@@ -9,13 +9,14 @@
 // producer's cache: alltoall of 512 KiB on 2 ranks took 49 us in the first state and 345 us in the
 // second, where every such line crosses between dies while both ranks copy at once. Streaming
 // stores send the slices to memory: 83 us in the second state, but 1.3-2.1x slower than cached
-// stores in the first. So each consumer picks per call, from what its own calls measured, and asks
-// its producers for those stores in its call header (CallHeader::staging): the epsilon-greedy rule
-// of the two-armed bandit (Sutton & Barto, Reinforcement Learning, 2nd ed., section 2.2), per size
-// class of the call's blocks. It takes the mode whose recent calls took less time per byte, and the
-// other one for kExploreCalls calls in every kExploreEvery, so that a change of state shows within
-// kExploreEvery calls. The consumer decides because its copies are what the stores change: a
-// producer that only produces (gather's peers, broadcast's root) returns before they are done.
+// stores in the first. So each reader (consumer) picks per call, from what its own calls measured,
+// and asks its producers for those stores in its call header (CallHeader::staging); a slice that
+// several ranks read is streamed if any of them asks. The rule is the epsilon-greedy one of the
+// two-armed bandit (Sutton & Barto, Reinforcement Learning, 2nd ed., section 2.2), per collective
+// and size class of the call's blocks: the mode whose recent calls took less time per byte, and the
+// other one for kExploreCalls calls in every kExploreEvery recorded, so that a change of state shows
+// within kExploreEvery recorded calls. The reader decides because its copies are what the stores
+// change: a rank that only produces (gather's peers, broadcast's root) returns before they are done.
 #pragma once
 
 #include <array>
@@ -23,6 +24,8 @@
 #include <cstdint>
 
 namespace nodal::detail {
+
+enum class CollKind : std::uint8_t;  // comm_state.hpp
 
 /// The stores a producer stages with.
 enum class StagingMode : std::uint8_t { cached = 0, streaming = 1 };
@@ -48,41 +51,48 @@ class StagingStores {
   static constexpr bool adaptive(std::size_t block_bytes) {
     return block_bytes >= kAdaptiveMinBytes && block_bytes < kAdaptiveEndBytes;
   }
-  /// Once both modes are known, kExploreCalls calls in every kExploreEvery take the mode not
-  /// chosen. Two, since the first call in a mode after calls in the other is not that mode's steady
-  /// state (after streaming, the ring's lines are in memory and the first cached call fetches them
-  /// all); the estimate (the least of the last calls, below) then takes the second. On 2 ranks in
-  /// the fast state, where streaming takes 1.8x as long, exploring costs about (0.8 x 2) / 128 =
-  /// 1.3 % of a call's time; a change of state shows within 128 calls (6 ms at 512 KiB).
+  /// Once both modes are known, kExploreCalls calls in every kExploreEvery recorded ones take the
+  /// mode not chosen. Two, since the first call in a mode after calls in the other is not that
+  /// mode's steady state (after streaming, the ring's lines are in memory and the first cached call
+  /// fetches them all); the estimate (the least of the last calls, below) then takes the second.
+  /// Each rank explores at its own place in the cycle: readers of one shared slice that explore
+  /// together would never measure cached stores again once one of them prefers streaming (a slice
+  /// is streamed if any reader asks). Exploring costs 2 calls in 128 in the other mode (1.3% where
+  /// that mode takes 1.8x as long); the near-state figures in the results file are 0.88-1.07x of
+  /// cached stores, and 0.76x for alltoall at 2 MiB, which is not understood.
   static constexpr std::uint32_t kExploreEvery = 128;
   static constexpr std::uint32_t kExploreCalls = 2;
 
-  explicit StagingStores(StagingSetting setting) : setting_(setting) {}
+  /// `rank`: this rank's in its communicator (it sets where in the cycle it explores).
+  StagingStores(StagingSetting setting, int rank) : setting_(setting), rank_(static_cast<std::uint32_t>(rank)) {}
 
-  /// The stores this rank, as a consumer, asks its producers for in a call whose blocks are
-  /// `block_bytes` each (CallHeader::staging).
-  StagingMode choose(std::size_t block_bytes);
-  /// What that call took this rank with `mode` asked for: from its start on the pipelined copy
-  /// path to its end, ns. Under `auto` only; the others ignore it.
-  void record(std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns);
+  /// The stores this rank, as a reader of `kind`'s staged slices, asks its producers for in a call
+  /// whose blocks are `block_bytes` each (CallHeader::staging).
+  StagingMode choose(CollKind kind, std::size_t block_bytes);
+  /// What such a call took this rank, every slice it read staged with `mode` (asked for by it, or
+  /// by another reader of a shared slice): from its start on the pipelined copy path to its end,
+  /// ns. Under `auto` only; the others ignore it.
+  void record(CollKind kind, std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns);
 
  private:
   /// A mode's estimate is the least time per byte of its last kKept calls. One call slowed by an
   /// interrupt or a preemption does not make the mode look slow (an average would switch to the
   /// other mode, and keep it until the next exploration); one fast call of the mode not chosen,
   /// when the machine has changed, makes it look fast at once. A mode chosen on a stale fast
-  /// estimate that is not fast any more loses it within kKept calls.
+  /// estimate that is not fast any more loses it within kKept recorded calls in that mode.
   static constexpr std::uint32_t kKept = 4;
   struct SizeClass {
     double recent[2][kKept] = {};       ///< by StagingMode: ns per byte of its last calls
     std::uint64_t written[2] = {0, 0};  ///< calls written into `recent` so far; 0: no estimate yet
-    std::uint32_t calls = 0;            ///< calls chosen once both modes are known
     double estimate(std::size_t mode) const;
   };
-  static std::size_t class_of(std::size_t block_bytes);
+  /// Kinds (CollKind's values are below 16) x block sizes of the adaptive range (bit widths 17-23).
+  static constexpr std::size_t kKinds = 16, kWidths = 7;
+  static SizeClass* find(std::array<SizeClass, kKinds * kWidths>& classes, CollKind kind, std::size_t block_bytes);
 
   StagingSetting setting_;
-  std::array<SizeClass, 64> classes_{};  ///< by the bit width of block_bytes
+  std::uint32_t rank_;
+  std::array<SizeClass, kKinds * kWidths> classes_{};
 };
 
 }  // namespace nodal::detail
