@@ -119,7 +119,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   state->size = static_cast<int>(global_ranks.size());
   state->global_ranks = std::move(global_ranks);
   state->config = comm_config();
-  state->staging_stores = StagingStores(state->config.staging, rank);
+  state->staging_stores = StagingStores(state->config.staging);
   // A chunk holds one cache line per member at least.
   state->config.chunk_bytes = std::max(state->config.chunk_bytes, state->global_ranks.size() * kCacheLine);
   const std::size_t n = static_cast<std::size_t>(state->size);

@@ -158,8 +158,8 @@ struct CommState : std::enable_shared_from_this<CommState> {
   /// create_group() calls made so far, per hash of (set of members, tag).
   std::map<std::uint64_t, int> groups;
   /// What this rank, reading a staged copy, asks its producers to stage with
-  /// (shm/staging_stores.hpp); open_comm makes it from config.staging and the rank.
-  StagingStores staging_stores{StagingSetting::automatic, 0};
+  /// (shm/staging_stores.hpp); open_comm makes it from config.staging.
+  StagingStores staging_stores{StagingSetting::automatic};
   std::atomic<const char*> last_algorithm{""};  ///< a static string; set by whichever thread runs calls
   /// send/recv's state, made by the first of them. A thread sending and one receiving may use the
   /// communicator at once (Communicator::send): the vectors are made and the channels looked up

@@ -257,8 +257,10 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
   std::vector<std::string> args = {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
                                    cma ? "sizes=20003,65531" : "sizes=40003,100003,1000003", "dtypes=i8,f16,f64",
                                    "variants=raw/out/private,tensor/out/private,tensor/in/shared"};
-  // Readers asking for different stores in one call: ranks 0 and 2 streaming, rank 1 cached.
-  if (GetParam() == "staged_mixed") args.push_back("staging_by_rank=streaming:cached:streaming");
+  // Readers asking for different stores in one call: rank 1 streaming, ranks 0 and 2 cached. So
+  // rank 1's slices of allgather are cached (no other reader asks), the others' streamed (rank 1
+  // does); ranks 0 and 2 read both kinds in one call; broadcast's slice is cached from root 1.
+  if (GetParam() == "staged_mixed") args.push_back("staging_by_rank=cached:streaming:cached");
   ChildResult r = run_coll(n, args, options);
   // cma: all from 16 KiB (NODAL_CMA_MIN_BYTES) below 512 KiB per rank (cma_copy_end_bytes); staged: up to 8 MB, one to many chunks
   // through the ring.

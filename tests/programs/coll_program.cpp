@@ -1950,6 +1950,10 @@ int main(int argc, char** argv) {
     for (std::size_t at = 0; at <= by_rank.size();) {
       const std::size_t end = std::min(by_rank.find(':', at), by_rank.size());
       modes.push_back(by_rank.substr(at, end - at));
+      if (modes.back().empty()) {
+        std::fprintf(stderr, "coll_program: staging_by_rank='%s' has an empty entry\n", by_rank.c_str());
+        return 64;
+      }
       at = end + 1;
     }
     ::setenv("NODAL_STAGING_STORES", modes[static_cast<std::size_t>(ctx.rank()) % modes.size()].c_str(), 1);

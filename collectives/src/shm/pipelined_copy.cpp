@@ -49,8 +49,9 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   bool i_produce = false;
   for (int q = 0; q < n_; ++q) i_produce = i_produce || (producer(r_) && q != r_ && consumer(q));
   // Staging: with the stores each reader asked for in its header (its choice per call,
-  // shm/staging_stores.hpp). A slice from p that several ranks read (broadcast, allgather, gather)
-  // is streamed if any of them asked for it; one for q alone (scatter, alltoall) as q asked.
+  // shm/staging_stores.hpp). A slice from p that every other reader reads (broadcast, allgather;
+  // gather's one reader is the root) is streamed if any of them asked for it; one for q alone
+  // (scatter, alltoall) as q asked.
   const bool stages = i_produce && !direct;
   auto wants_streaming = [&](int q) { return c_.header(q, seq_).staging == static_cast<std::uint8_t>(StagingMode::streaming); };
   auto streamed = [&](int p, int q) {  // the slice producer p stages for reader q
@@ -114,7 +115,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   if (timed) {
     const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - began);
     c_.staging_stores.record(kind, call_.count * esize, static_cast<StagingMode>(read_in),
-                             static_cast<std::uint64_t>(took.count()));
+                             static_cast<StagingMode>(c_.header(r_, seq_).staging), static_cast<std::uint64_t>(took.count()));
   }
 }
 

@@ -1,5 +1,7 @@
 #include "shm/staging_stores.hpp"
 
+#include "comm_state.hpp"  // CollKind
+
 #include <nodal/errors.hpp>
 #include <nodal/detail/posix.hpp>
 
@@ -19,6 +21,7 @@ StagingSetting staging_setting_from_env() {
   throw UsageError(fmt::format("NODAL_STAGING_STORES='{}': use auto, cached or streaming", value));
 }
 
+static_assert(static_cast<std::size_t>(CollKind::reduce_scatterv) < 16, "kKinds covers every CollKind");
 static_assert(std::bit_width(StagingStores::kAdaptiveMinBytes) == 17 && std::bit_width(StagingStores::kAdaptiveEndBytes - 1) == 23,
               "kWidths covers the adaptive range");
 
@@ -46,18 +49,21 @@ StagingMode StagingStores::choose(CollKind kind, std::size_t block_bytes) {
   if (c->written[1] < kExploreCalls) return StagingMode::streaming;
   const auto best = c->estimate(1) < c->estimate(0) ? StagingMode::streaming : StagingMode::cached;
   const auto other = best == StagingMode::cached ? StagingMode::streaming : StagingMode::cached;
-  // The cycle counts recorded calls: calls that were not staged (cma, in place), or not staged as
-  // this rank asked, measure nothing, and must not take the exploring turns.
-  const std::uint64_t turn = (c->written[0] + c->written[1] + std::uint64_t{rank_} * kExploreCalls) % kExploreEvery;
+  // The cycle counts calls that came as this rank asked (record()): a call that was not staged
+  // (cma, in place) measured nothing, and one overruled by another reader did not try this rank's
+  // choice; neither may use up an exploring turn.
+  const std::uint64_t turn = c->as_asked % kExploreEvery;
   return turn >= kExploreEvery - kExploreCalls ? other : best;
 }
 
-void StagingStores::record(CollKind kind, std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns) {
+void StagingStores::record(CollKind kind, std::size_t block_bytes, StagingMode mode, StagingMode asked,
+                           std::uint64_t took_ns) {
   if (setting_ != StagingSetting::automatic) return;
   SizeClass* c = find(classes_, kind, block_bytes);
   if (c == nullptr) return;
   const auto m = static_cast<std::size_t>(mode);
   c->recent[m][c->written[m]++ % kKept] = static_cast<double>(took_ns) / static_cast<double>(block_bytes);
+  if (mode == asked) ++c->as_asked;
 }
 
 }  // namespace nodal::detail

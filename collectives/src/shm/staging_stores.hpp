@@ -55,24 +55,28 @@ class StagingStores {
   /// mode not chosen. Two, since the first call in a mode after calls in the other is not that
   /// mode's steady state (after streaming, the ring's lines are in memory and the first cached call
   /// fetches them all); the estimate (the least of the last calls, below) then takes the second.
-  /// Each rank explores at its own place in the cycle: readers of one shared slice that explore
-  /// together would never measure cached stores again once one of them prefers streaming (a slice
-  /// is streamed if any reader asks). Exploring costs 2 calls in 128 in the other mode (1.3% where
+  /// The cycle counts only calls that came as this rank asked. A slice several ranks read is
+  /// streamed if any of them asks: counted otherwise, a reader whose every call is overruled by
+  /// another's streaming would let its exploring turns pass unmeasured, and readers that all
+  /// prefer streaming would never measure cached stores again. This way a reader's turn waits
+  /// until its call comes as asked (e.g. once the others' turns ask for cached stores too). Exploring costs 2 calls in 128 in the other mode (1.3% where
   /// that mode takes 1.8x as long); the near-state figures in the results file are 0.88-1.07x of
   /// cached stores, and 0.76x for alltoall at 2 MiB, which is not understood.
   static constexpr std::uint32_t kExploreEvery = 128;
   static constexpr std::uint32_t kExploreCalls = 2;
 
-  /// `rank`: this rank's in its communicator (it sets where in the cycle it explores).
-  StagingStores(StagingSetting setting, int rank) : setting_(setting), rank_(static_cast<std::uint32_t>(rank)) {}
+  explicit StagingStores(StagingSetting setting) : setting_(setting) {}
 
   /// The stores this rank, as a reader of `kind`'s staged slices, asks its producers for in a call
   /// whose blocks are `block_bytes` each (CallHeader::staging).
   StagingMode choose(CollKind kind, std::size_t block_bytes);
-  /// What such a call took this rank, every slice it read staged with `mode` (asked for by it, or
-  /// by another reader of a shared slice): from its start on the pipelined copy path to its end,
-  /// ns. Under `auto` only; the others ignore it.
-  void record(CollKind kind, std::size_t block_bytes, StagingMode mode, std::uint64_t took_ns);
+  /// What such a call took this rank, every slice it read staged with `mode`: from its start on
+  /// the pipelined copy path to its end, ns. `asked`: what this rank asked for; where another
+  /// reader of a shared slice asked for streaming, `mode` is streaming whatever it asked. Only a
+  /// call that came as asked moves this rank's exploring turns on: a rank whose exploring call was
+  /// overruled asks again at its next call, until every reader's turn has come and its call comes
+  /// as asked. Under `auto` only; the others ignore it.
+  void record(CollKind kind, std::size_t block_bytes, StagingMode mode, StagingMode asked, std::uint64_t took_ns);
 
  private:
   /// A mode's estimate is the least time per byte of its last kKept calls. One call slowed by an
@@ -84,6 +88,7 @@ class StagingStores {
   struct SizeClass {
     double recent[2][kKept] = {};       ///< by StagingMode: ns per byte of its last calls
     std::uint64_t written[2] = {0, 0};  ///< calls written into `recent` so far; 0: no estimate yet
+    std::uint64_t as_asked = 0;         ///< calls recorded that came as this rank asked: its clock
     double estimate(std::size_t mode) const;
   };
   /// Kinds (CollKind's values are below 16) x block sizes of the adaptive range (bit widths 17-23).
@@ -91,7 +96,6 @@ class StagingStores {
   static SizeClass* find(std::array<SizeClass, kKinds * kWidths>& classes, CollKind kind, std::size_t block_bytes);
 
   StagingSetting setting_;
-  std::uint32_t rank_;
   std::array<SizeClass, kKinds * kWidths> classes_{};
 };
 
