@@ -51,17 +51,17 @@ class StagingStores {
   static constexpr bool adaptive(std::size_t block_bytes) {
     return block_bytes >= kAdaptiveMinBytes && block_bytes < kAdaptiveEndBytes;
   }
-  /// Once both modes are known, kExploreCalls calls in every kExploreEvery recorded ones take the
-  /// mode not chosen. Two, since the first call in a mode after calls in the other is not that
+  /// Once both modes are known, kExploreCalls calls in every kExploreEvery that came as asked take
+  /// the mode not chosen. Two, since the first call in a mode after calls in the other is not that
   /// mode's steady state (after streaming, the ring's lines are in memory and the first cached call
   /// fetches them all); the estimate (the least of the last calls, below) then takes the second.
   /// The cycle counts only calls that came as this rank asked. A slice several ranks read is
   /// streamed if any of them asks: counted otherwise, a reader whose every call is overruled by
   /// another's streaming would let its exploring turns pass unmeasured, and readers that all
   /// prefer streaming would never measure cached stores again. This way a reader's turn waits
-  /// until its call comes as asked (e.g. once the others' turns ask for cached stores too). Exploring costs 2 calls in 128 in the other mode (1.3% where
-  /// that mode takes 1.8x as long); the near-state figures in the results file are 0.88-1.07x of
-  /// cached stores, and 0.76x for alltoall at 2 MiB, which is not understood.
+  /// until its call comes as asked (e.g. once the others' turns ask for cached stores too).
+  /// Exploring costs 2 calls in 128 in the other mode (1.3% where that mode takes 1.8x as long);
+  /// in the results file's near-state runs auto took 0.89-1.05x of cached stores' time.
   static constexpr std::uint32_t kExploreEvery = 128;
   static constexpr std::uint32_t kExploreCalls = 2;
 
