@@ -61,7 +61,7 @@ class StagingStores {
   /// prefer streaming would never measure cached stores again. This way a reader's turn waits
   /// until its call comes as asked (e.g. once the others' turns ask for cached stores too).
   /// Exploring costs 2 calls in 128 in the other mode (1.3% where that mode takes 1.8x as long);
-  /// in the results file's near-state runs auto took 0.89-1.05x of cached stores' time.
+  /// in the results file's near-state runs auto ran at 0.89-1.05x of cached stores' speed.
   static constexpr std::uint32_t kExploreEvery = 128;
   static constexpr std::uint32_t kExploreCalls = 2;
 
