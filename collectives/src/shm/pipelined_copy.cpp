@@ -54,12 +54,13 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
   // (scatter, alltoall) as q asked.
   const bool stages = i_produce && !direct;
   auto wants_streaming = [&](int q) { return c_.header(q, seq_).staging == static_cast<std::uint8_t>(StagingMode::streaming); };
+  // Readers that asked for streaming, counted once: a shared slice from p is streamed if any
+  // reader but p did (O(1) per slice, not a pass over every header for each of n producers).
+  int asking = 0;
+  for (int j = 0; !direct && !per_consumer && j < n_; ++j) asking += reads_from_peers(j) && wants_streaming(j);
   auto streamed = [&](int p, int q) {  // the slice producer p stages for reader q
     if (per_consumer) return wants_streaming(q);
-    for (int j = 0; j < n_; ++j) {
-      if (j != p && reads_from_peers(j) && wants_streaming(j)) return true;
-    }
-    return false;
+    return asking - (reads_from_peers(p) && wants_streaming(p) ? 1 : 0) > 0;
   };
   // A reader times the call from here to its end (its copies out of the slices are what the
   // stores change) where every slice it reads came with the same stores, and records it under those.
@@ -69,7 +70,7 @@ void Call::run_pipelined_copy(Algorithm algorithm) {
     const int mode = streamed(p, r_) ? 1 : 0;
     read_in = read_in < 0 || read_in == mode ? mode : 2;
   }
-  const bool timed = read_in == 0 || read_in == 1;
+  const bool timed = (read_in == 0 || read_in == 1) && StagingStores::adaptive(call_.count * esize);
   const auto began = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   for (std::size_t i = 0; i < steps; ++i) {
     const std::size_t begin = i * per_step;
