@@ -62,8 +62,10 @@ const char* coll_kind_name(CollKind kind) noexcept {
 
 std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
 
-std::uint64_t CommConfig::slot_depth() const {
-  return std::bit_floor(std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMaxSlotDepth));
+std::uint64_t CommConfig::slot_depth(std::size_t world_size) const {
+  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMinSlotDepth);
+  const std::uint64_t per_comm = std::min<std::uint64_t>(kCommSlotBudget / (world_size * slot_bytes()), kMaxSlotDepth);
+  return std::bit_floor(std::max(per_rank, per_comm));
 }
 
 bool cma_allowed() {
@@ -126,7 +128,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   const std::size_t slot_bytes = state->config.slot_bytes();
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
-  const std::size_t total = header_bytes + progress_bytes + n * state->config.slot_depth() * slot_bytes;
+  const std::size_t total = header_bytes + progress_bytes + n * state->config.slot_depth(n) * slot_bytes;
   std::string object = "nodal.comm:" + state->name;
   auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
     std::memset(where, 0, total);
@@ -156,7 +158,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   state->progress[rank].pid = static_cast<std::int32_t>(::getpid());
   state->progress[rank].cma = cma_allowed() ? 1 : 0;
   state->slots = base + header_bytes + progress_bytes;
-  state->slot_depth = state->config.slot_depth();
+  state->slot_depth = state->config.slot_depth(n);
   state->slot_bytes = slot_bytes;
   return state;
 }

@@ -66,12 +66,21 @@ struct CallHeader {
 constexpr std::size_t kInlineOffset = 32;  ///< where a small call's data starts in its slot
 static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(CallHeader) <= kCacheLine);
 
-/// Slots per rank: as many as fit kSlotBudget, rounded down to a power of two (2 to kMaxSlotDepth;
-/// 16 with the default 16 KiB small path). A rank writes its slot of call k once every peer has finished call k - depth
-/// (shm/call.hpp "Credits"), so the senders of small rooted calls run up to depth - 1 calls ahead
-/// of their slowest receiver: 16 made small broadcast 3x faster than 4 on 4 ranks sharing 2 cores.
+/// Slots per rank (CommConfig::slot_depth), a power of two. A rank writes its slot of call k once
+/// every peer has finished call k - depth (shm/call.hpp "Credits"), so the senders of small rooted
+/// calls run up to depth - 1 calls ahead of their slowest receiver. Where ranks share cores, a
+/// receiver catches up only when it is scheduled, so the depth sets how many calls one time slice
+/// serves: on 4 ranks sharing 2 cores, small broadcast took 0.78 us a call at depth 16, 0.52 at 32
+/// and 0.41 at 64 (bench/results/2026-12-02-slot-depth.md; 16 was 3x faster than 4).
+/// The depth is as many slots as fit kCommSlotBudget for the whole communicator (up to
+/// kMaxSlotDepth: 64 up to 15 ranks with the default 16 KiB small path, 32 up to 31),
+/// and never less than kSlotBudget per rank allows (2 to kMinSlotDepth: 16 with the default small
+/// path), so large communicators keep their depth and memory of before (a 16-rank communicator
+/// takes 8 MiB of slots, its pipelined ring 64 MiB).
+constexpr std::size_t kCommSlotBudget = 16 * 1024 * 1024;
 constexpr std::size_t kSlotBudget = 512 * 1024;
-constexpr std::uint64_t kMaxSlotDepth = 16;
+constexpr std::uint64_t kMinSlotDepth = 16;
+constexpr std::uint64_t kMaxSlotDepth = 64;
 
 /// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
 /// Values are step_flag(seq, step): they only grow over the communicator's life.
@@ -105,7 +114,8 @@ struct CommConfig {
   std::size_t cma_min_bytes;
   StagingSetting staging;  ///< NODAL_STAGING_STORES (shm/staging_stores.hpp)
   std::size_t slot_bytes() const;
-  std::uint64_t slot_depth() const;  ///< slots per rank (kSlotBudget)
+  /// Slots per rank of a communicator of `world_size` members (kCommSlotBudget).
+  std::uint64_t slot_depth(std::size_t world_size) const;
 };
 
 /// The arena part, found by name.

@@ -1204,9 +1204,9 @@ int rooted(const nodal::Context& ctx, const Options& o) {
   };
   int burst_kind = 0, burst_root = 0;
   for (long k = 0; k < iters; ++k) {
-    // Every 500 calls a burst of 40 alike, its receivers pausing first: senders get as far ahead
-    // as the credits let them (the slot depth, 16), and past it they must wait.
-    const bool burst = k % 500 < 40;
+    // Every 500 calls a burst of 150 alike, its receivers pausing first: senders get as far ahead
+    // as the credits let them (the slot depth, at most 64), and past it they must wait.
+    const bool burst = k % 500 < 150;
     if (k % 500 == 0) {
       burst_kind = static_cast<int>(calls() % 8);
       burst_root = static_cast<int>(calls() % static_cast<unsigned>(n));
@@ -1255,14 +1255,18 @@ int rooted(const nodal::Context& ctx, const Options& o) {
       }
     }
   }
-  // Senders run ahead of receivers that sleep: 3 calls return at once (the default depth is 16).
+  // Senders run ahead of receivers that sleep: depth - 1 calls return at once. The depth is 64
+  // slots up to 15 ranks with the default small size, 32 up to 31, 16 beyond (comm_state.hpp
+  // kCommSlotBudget); a shallower ring fails here.
+  const int ahead_calls = n <= 15 ? 63 : n <= 31 ? 31 : 15;
   auto ahead = [&](bool sender, const std::function<void(int)>& call) {
     world.barrier();
     auto start = Clock::now();
     if (!sender) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    for (int k = 0; k < 3; ++k) call(k);
+    for (int k = 0; k < ahead_calls; ++k) call(k);
     double ms = ms_since(start);
-    if (sender && ms > 250) fail(format("3 small rooted calls took %.0f ms while their receivers slept 600 ms", ms));
+    if (sender && ms > 250)
+      fail(format("%d small rooted calls took %.0f ms while their receivers slept 600 ms", ahead_calls, ms));
     return ms;
   };
   std::int32_t x[2];
@@ -1277,8 +1281,8 @@ int rooted(const nodal::Context& ctx, const Options& o) {
     for (int j = 0; r == 0 && j < n; ++j) expect(k, "gather ahead", out[j], 2000 + k * n + j, j);
   });
   checked_allreduce(world, 4321, 1000, "allreduce after the rooted calls");
-  std::printf("rank %d rooted ok %ld calls; 3 calls ahead: broadcast %.0f ms, gather %.0f ms\n", r, iters,
-              broadcast_ms, gather_ms);
+  std::printf("rank %d rooted ok %ld calls; %d calls ahead: broadcast %.0f ms, gather %.0f ms\n", r, iters,
+              ahead_calls, broadcast_ms, gather_ms);
   return 0;
 }
 

@@ -23,8 +23,9 @@
 // and reduce) wait only for the headers they read, compare them with their own call, and copy
 // or reduce out of the slots.
 //
-// Credits. Each rank has CommConfig::slot_depth() slots (depth, 16 by default), used round robin; a rank writes its slot of call k
-// once every peer has finished call k - depth (its Progress::done, published at the end of
+// Credits. Each rank has CommConfig::slot_depth() slots (depth: 64 up to 15 ranks, 32 up to 31, 16
+// beyond, with the default small size; comm_state.hpp kCommSlotBudget), used round robin; a rank
+// writes its slot of call k once every peer has finished call k - depth (its Progress::done, published at the end of
 // a small rooted call, or its latest header, published at the start of the next call): a sender
 // waits only when it is depth - 1 calls ahead of its slowest peer.
 // The v-variants' staging areas, one per call parity, need every peer done with call k - 2.
