@@ -63,7 +63,7 @@ const char* coll_kind_name(CollKind kind) noexcept {
 std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
 
 std::uint64_t CommConfig::slot_depth(std::size_t world_size) const {
-  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kMinSlotDepth);
+  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kRankBudgetMaxDepth);
   const std::uint64_t per_comm = std::min<std::uint64_t>(kCommSlotBudget / (world_size * slot_bytes()), kMaxSlotDepth);
   return std::bit_floor(std::max(per_rank, per_comm));
 }

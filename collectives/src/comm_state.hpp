@@ -73,13 +73,13 @@ static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(Call
 /// serves: on 4 ranks sharing 2 cores, small broadcast took 0.78 us a call at depth 16, 0.52 at 32
 /// and 0.41 at 64 (bench/results/2026-12-02-slot-depth.md; 16 was 3x faster than 4).
 /// The depth is as many slots as fit kCommSlotBudget for the whole communicator (up to
-/// kMaxSlotDepth: 64 up to 15 ranks with the default 16 KiB small path, 32 up to 31),
-/// and never less than kSlotBudget per rank allows (2 to kMinSlotDepth: 16 with the default small
-/// path), so large communicators keep their depth and memory of before (a 16-rank communicator
-/// takes 8 MiB of slots, its pipelined ring 64 MiB).
+/// kMaxSlotDepth: 64 up to 15 ranks with the default 16 KiB small path, 32 up to 31), and never
+/// less than the rule before it gave, as many as fit kSlotBudget per rank (2 to
+/// kRankBudgetMaxDepth: 16 with the default small path), so large communicators keep their depth
+/// and memory of before (a 16-rank communicator takes 8 MiB of slots, its pipelined ring 64 MiB).
 constexpr std::size_t kCommSlotBudget = 16 * 1024 * 1024;
 constexpr std::size_t kSlotBudget = 512 * 1024;
-constexpr std::uint64_t kMinSlotDepth = 16;
+constexpr std::uint64_t kRankBudgetMaxDepth = 16;
 constexpr std::uint64_t kMaxSlotDepth = 64;
 
 /// A rank's progress through the steps of a pipelined call, each counter on its own cache line.
