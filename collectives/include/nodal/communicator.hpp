@@ -11,8 +11,9 @@
 //   a hang or a wrong answer); the communicator stays usable afterwards. One exception in timing:
 //   small broadcast, scatter, gather and reduce (<= NODAL_SMALL_MAX_BYTES per rank) are eager, as
 //   in MPI: their senders (the root of broadcast and scatter, the others of gather and reduce) post
-//   and return, up to 63 calls ahead of the receivers (31 from 16 ranks, 15 from 32), so a
-//   sender's UsageError for a mismatched one comes from its next collective call.
+//   and return, up to 63 calls ahead of the receivers with the default NODAL_SMALL_MAX_BYTES (31
+//   from 16 ranks, 15 from 32), so a sender's UsageError for a mismatched one comes from its next
+//   collective call.
 // - Results are bitwise identical on every rank and from run to run: contributions are combined
 //   in rank order (0, 1, ..., n-1) whatever the algorithm; f16 and bf16 are accumulated in f32 and
 //   rounded once (to nearest even). Integer sum and prod wrap around (two's complement); integer
