@@ -25,9 +25,9 @@
 //
 // Credits. Each rank has CommConfig::slot_depth() slots (depth: 64 up to 15 ranks, 32 up to 31, 16
 // beyond, with the default small size; comm_state.hpp kCommSlotBudget), used round robin; a rank
-// writes its slot of call k once every peer has finished call k - depth (its Progress::done, published at the end of
-// a small rooted call, or its latest header, published at the start of the next call): a sender
-// waits only when it is depth - 1 calls ahead of its slowest peer.
+// writes its slot of call k once every peer has finished call k - depth (its Progress::done,
+// published at the end of a small rooted call, or its latest header, published at the start of
+// the next call): a sender waits only when it is depth - 1 calls ahead of its slowest peer.
 // The v-variants' staging areas, one per call parity, need every peer done with call k - 2.
 // A lockstep exchange of call k tells a rank that every peer finished k - 1 (CommState::known_done)
 // without reading their counters.
