@@ -128,7 +128,8 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   const std::size_t slot_bytes = state->config.slot_bytes();
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
-  const std::size_t total = header_bytes + progress_bytes + n * state->config.slot_depth(n) * slot_bytes;
+  const std::uint64_t depth = state->config.slot_depth(n);
+  const std::size_t total = header_bytes + progress_bytes + n * depth * slot_bytes;
   std::string object = "nodal.comm:" + state->name;
   auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
     std::memset(where, 0, total);
@@ -158,7 +159,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   state->progress[rank].pid = static_cast<std::int32_t>(::getpid());
   state->progress[rank].cma = cma_allowed() ? 1 : 0;
   state->slots = base + header_bytes + progress_bytes;
-  state->slot_depth = state->config.slot_depth(n);
+  state->slot_depth = depth;
   state->slot_bytes = slot_bytes;
   return state;
 }
