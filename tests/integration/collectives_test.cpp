@@ -5,6 +5,8 @@
 // coll_program exits 1 with a "FAIL rank R: ..." line naming the first wrong element.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <ostream>
 #include <regex>
@@ -274,27 +276,41 @@ TEST_P(CopyPath, GivesTheReferenceBits) {
 INSTANTIATE_TEST_SUITE_P(Collectives, CopyPath, ::testing::Values("cma", "staged", "staged_streaming", "staged_mixed"),
                          [](const auto& p) { return p.param; });
 
+/// Whether /proc/cpuinfo names Intel as the vendor: the copy collectives' cma ends depend on it
+/// (algorithm_table.hpp, cma_copy_end_bytes).
+bool intel_processor() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  const std::string info((std::istreambuf_iterator<char>(cpuinfo)), std::istreambuf_iterator<char>());
+  return info.find("GenuineIntel") != std::string::npos;
+}
+
 TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {
-  // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B and 4 MB of f32 per rank. While every
-  // rank has a core: cma below 512 KiB; from 512 KiB allgather, gather and alltoall take the
-  // pipelined path, from 1 MiB broadcast and scatter too (algorithm_table.hpp, cma_copy_end_bytes).
-  // When ranks outnumber cores: cma at every size. Both cases on any machine: NODAL_CROWDED
-  // (nodalrun's verdict, Launcher.TheNodeIsCrowdedWhen...) given with -x.
+  // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B, 4 MB and 16 MiB + 400 B of f32 per
+  // rank. While every rank has a core (algorithm_table.hpp, cma_copy_end_bytes), on AMD and other
+  // processors: cma below 512 KiB; from 512 KiB allgather, gather and alltoall take the pipelined
+  // path, from 1 MiB broadcast and scatter too. On Intel's: allgather and alltoall below 16 MiB,
+  // broadcast below 8 MiB, gather and scatter at every size. When ranks outnumber cores: cma at
+  // every size. Both cases on any machine: NODAL_CROWDED (nodalrun's verdict,
+  // Launcher.TheNodeIsCrowdedWhen...) given with -x.
   if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const int n = 3;
+  const bool intel = intel_processor();
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n,
                              {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                              "sizes=131064,262136,1000003", "dtypes=f32", "variants=raw/in/private,raw/out/private"},
+                              "sizes=131064,262136,1000003,4194404", "dtypes=f32", "variants=raw/in/private,raw/out/private"},
                              {"--shm-size", "1G", "-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
     expect_all_ranks_ok(r, n);
     auto algorithms = algorithms_used(r.out);
     // Per rank and size, 6 calls: broadcast (in place only), allgather both ways, gather, scatter
-    // and alltoall out of place. Not crowded: all 6 cma at 512 KiB - 32 B; at 1 MiB - 32 B
-    // broadcast and scatter cma, the other 4 pipelined; at 4 MB all 6 pipelined.
-    EXPECT_EQ(algorithms["private:cma"], n * (crowded ? 18 : 8)) << "crowded " << crowded << ": " << describe(algorithms);
-    EXPECT_EQ(algorithms["private:pipelined"], n * (crowded ? 0 : 10)) << "crowded " << crowded << ": "
-                                                                       << describe(algorithms);
+    // and alltoall out of place. Not crowded, elsewhere: all 6 cma at 512 KiB - 32 B; at 1 MiB - 32 B
+    // broadcast and scatter cma, the other 4 pipelined; at 4 MB and 16 MiB all 6 pipelined: 8 cma,
+    // 16 pipelined. On Intel: all 6 cma at the first three sizes; at 16 MiB gather and scatter cma,
+    // the other 4 pipelined: 20 cma, 4 pipelined.
+    const int cma = crowded ? 24 : intel ? 20 : 8;
+    EXPECT_EQ(algorithms["private:cma"], n * cma) << "crowded " << crowded << ", intel " << intel << ": " << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], n * (24 - cma)) << "crowded " << crowded << ", intel " << intel << ": "
+                                                                << describe(algorithms);
   }
 }
 
@@ -554,11 +570,16 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
       << large["reduce"];
   EXPECT_TRUE(contains(large["allreduce"], "on 2 ranks cma from 1 MiB below 32 MiB (in place up to 64 MiB)"))
       << large["allreduce"];
-  EXPECT_TRUE(contains(large["alltoall"],
-                       "else cma from 16 KiB (below 512 KiB unless ranks outnumber cores) where allowed, else pipelined"))
+  const bool intel = intel_processor();
+  EXPECT_TRUE(contains(large["alltoall"], std::string("else cma from 16 KiB (below ") + (intel ? "16 MiB" : "512 KiB") +
+                                              " unless ranks outnumber cores) where allowed, else pipelined"))
       << large["alltoall"];
-  EXPECT_TRUE(contains(large["broadcast"], "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores)"))
+  EXPECT_TRUE(contains(large["broadcast"], std::string("else cma from 16 KiB (below ") + (intel ? "8 MiB" : "1 MiB") +
+                                               " unless ranks outnumber cores)"))
       << large["broadcast"];
+  EXPECT_TRUE(contains(large["scatter"], intel ? "else cma from 16 KiB where allowed, else pipelined"
+                                               : "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores)"))
+      << large["scatter"];
 }
 
 INSTANTIATE_TEST_SUITE_P(Collectives, Errors, ::testing::Values(2, 3, 8),

@@ -47,8 +47,9 @@
 //              share_memory()): peers' buffers are read where they are (single copy); allreduce's
 //              is one pass, each block's owner reducing it and writing it into every output.
 //   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 16 KiB per rank from
-//              private buffers, below 1 MiB (allgather, gather, alltoall: 512 KiB) unless ranks
-//              outnumber cores (NODAL_CROWDED): one
+//              private buffers, below 1 MiB (allgather, gather, alltoall: 512 KiB; on Intel
+//              processors broadcast 8 MiB, allgather and alltoall 16 MiB, gather and scatter at
+//              every size) unless ranks outnumber cores (NODAL_CROWDED): one
 //              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH
 //              do), where the kernel allows it (Yama's ptrace_scope 0, or 1: each rank then lets
 //              any process of its user ptrace it, PR_SET_PTRACER_ANY, as Open MPI does) and

@@ -4,6 +4,7 @@
 #include <nodal/detail/posix.hpp>
 #include <nodal/detail/units.hpp>
 
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,6 +14,20 @@ namespace {
 
 /// An algorithm forced by the environment, or automatic choice.
 enum class Forced { none, small, pipelined, in_place };
+
+/// Whether this node's processor is Intel's (cpuid's vendor; the copy collectives' cma ends
+/// depend on it: algorithm_table.hpp).
+bool intel_processor() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
 
 Forced parse_forced(const char* variable) {
   std::string value = getenv_or_empty(variable);
@@ -49,6 +64,9 @@ std::string large_rule(CollKind kind, const CommConfig& config) {
              "; else pipelined";
     case CollKind::reduce_scatter: return in_place + "pipelined";
     default:
+      if (cma_copy_end_bytes(kind) == std::numeric_limits<std::size_t>::max()) {
+        return in_place + "cma from " + format_bytes(config.cma_min_bytes) + where;
+      }
       if (config.cma_min_bytes >= cma_copy_end_bytes(kind)) {
         return in_place + "cma from " + format_bytes(config.cma_min_bytes) + " when ranks outnumber cores" + where;
       }
@@ -92,6 +110,14 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 }
 
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept {
+  if (intel_processor()) {
+    switch (kind) {
+      case CollKind::broadcast: return kXeonCmaBroadcastEndBytes;
+      case CollKind::gather:
+      case CollKind::scatter: return std::numeric_limits<std::size_t>::max();
+      default: return kXeonCmaAllProduceEndBytes;
+    }
+  }
   return kind == CollKind::broadcast || kind == CollKind::scatter ? kCmaCopyEndBytes : kCmaCopyAllProduceEndBytes;
 }
 
@@ -100,7 +126,8 @@ Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
   if (kind == CollKind::reduce) return reduce_algorithm(bytes, world_size, cma_usable, crowded, forced);
-  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB or 512 KiB, and
+  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB or 512 KiB (on
+  // Intel processors further: cma_copy_end_bytes), and
   // at any size when ranks outnumber cores (algorithm_table.hpp, cma_copy_end_bytes). So does
   // allreduce on 2 ranks from 1 MiB (algorithm_table.hpp; on 4 ranks sharing 2 cores it lost,
   // 0.8x); reduce_scatter stays pipelined.

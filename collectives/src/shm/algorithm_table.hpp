@@ -81,8 +81,17 @@ constexpr std::size_t kCmaCopyEndBytes = 1024 * 1024;
 /// the pipelined path at 512 KiB-64 MiB (bench/results/2026-11-29-gather-peers-write.md).
 constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 
+/// The ends above were measured on AMD EPYC. On Intel Xeon (2 cores, 2 MiB of L2 each) cma was
+/// 1.13-3.8x the pipelined path's speed on 2 ranks from 512 KiB: allgather and alltoall to 8 MiB
+/// (0.72-0.96x from 16 MiB, where the pipelined path streams its stores), broadcast to 4 MiB (0.95x
+/// at 8 MiB), gather and scatter to 64 MiB (bench/results/2026-12-02-cma-copy-on-xeon.md). So on
+/// an Intel processor these ends hold instead; gather and scatter take cma at every size.
+constexpr std::size_t kXeonCmaBroadcastEndBytes = 8u << 20;
+constexpr std::size_t kXeonCmaAllProduceEndBytes = 16u << 20;
+
 /// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has
-/// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes.
+/// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes, or on an Intel processor the Xeon ends
+/// (SIZE_MAX: no end). The same on every rank of a node (one processor).
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 
 /// reduce takes cma (while every rank has a core) or linear (when ranks outnumber cores), its root
