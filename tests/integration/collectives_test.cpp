@@ -298,7 +298,8 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n,
                              {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                              "sizes=131064,262136,1000003,4194404", "dtypes=f32", "variants=raw/in/private,raw/out/private"},
+                              "sizes=131064,262136,1000003,4194404", "dtypes=f32",
+                              "variants=raw/in/private,raw/out/private"},
                              {"--shm-size", "1G", "-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
     expect_all_ranks_ok(r, n);
     auto algorithms = algorithms_used(r.out);
@@ -308,9 +309,9 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
     // 16 pipelined. On Intel: all 6 cma at the first three sizes; at 16 MiB gather and scatter cma,
     // the other 4 pipelined: 20 cma, 4 pipelined.
     const int cma = crowded ? 24 : intel ? 20 : 8;
-    EXPECT_EQ(algorithms["private:cma"], n * cma) << "crowded " << crowded << ", intel " << intel << ": " << describe(algorithms);
-    EXPECT_EQ(algorithms["private:pipelined"], n * (24 - cma)) << "crowded " << crowded << ", intel " << intel << ": "
-                                                                << describe(algorithms);
+    const std::string where = "crowded " + std::to_string(crowded) + ", intel " + std::to_string(intel) + ": ";
+    EXPECT_EQ(algorithms["private:cma"], n * cma) << where << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], n * (24 - cma)) << where << describe(algorithms);
   }
 }
 
