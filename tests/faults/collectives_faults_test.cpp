@@ -201,6 +201,9 @@ INSTANTIATE_TEST_SUITE_P(
         // A peer of a broadcast cannot read the root's buffer, which the other peer reads too: the
         // root must not hand it back (and overwrite it) while that peer still reads it.
         PartWayCase{"broadcast_peer_n3", 3, "2", "broadcast", "20011", "process_vm_readv"},
+        // The root of a broadcast cannot write its share into the peers' buffers while they read
+        // the rest of its own (shm/cma.cpp run_cma_broadcast): they wait for that share.
+        PartWayCase{"broadcast_root_n3", 3, "0", "broadcast", "20011", "process_vm_writev"},
         // 8 MiB in place on 2 ranks (push allreduce): the other rank writes its reduced half into
         // the denier's buffer while the denier leaves.
         PartWayCase{"push_allreduce_n2", 2, "1", "allreduce", "2097152", "process_vm_readv", true}),

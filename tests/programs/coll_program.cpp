@@ -35,6 +35,10 @@
 //             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
 //   gather_places  gather of private inputs into a root's output that is private or in the arena
 //             (every root in turn; cma's range): results and algorithm printed.
+//   broadcast_places  broadcast from a private root buffer (every root in turn; 80 KB and 4 MB of
+//             f32) into receivers' buffers that are private, in the arena on odd ranks, or on a
+//             rank that forbids cma (NODAL_CMA=0 for a communicator split off after it): results
+//             and the 64 elements after them checked, algorithm printed.
 //   p2p       send/recv: order, every pair, a ring, a burst, mismatches, tensors.
 //   part_way  what=gather|reduce|allreduce|broadcast denier=R[,R...] count=N in_place=0|1
 //             nonblocking=0|1 (allreduce through iallreduce(...).wait()): rank R makes its own
@@ -1934,6 +1938,50 @@ int gather_places(const nodal::Context& ctx) {
   return gather_into(0, false, count, false);
 }
 
+/// broadcast_places: every root in turn, from a private buffer; the receivers' buffers private
+/// ("private"), in the arena on odd ranks ("arena"), or private on a communicator where the rank
+/// after the root forbids cma ("no_cma"). Where the root writes a share of the message into the
+/// receivers (shm/cma.cpp run_cma_broadcast) it must copy into an arena buffer and leave a rank
+/// that forbids cma to read all of it; not one element after the message may change.
+int broadcast_places(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int n = world.world_size(), me = world.rank();
+  constexpr std::size_t kGuard = 64;
+  auto broadcast_into = [&](nodal::Communicator& comm, int root, const char* layout, bool arena, std::size_t count) {
+    std::vector<float> own(count + kGuard);
+    Tensor shared = arena ? alloc(count + kGuard, DType::f32, true) : Tensor();
+    float* buffer = shared.defined() ? shared.data_ptr<float>() : own.data();
+    auto value = [&](std::size_t i) { return static_cast<float>(root * 1000 + static_cast<int>(i % 997)); };
+    for (std::size_t i = 0; i < count + kGuard; ++i) buffer[i] = i >= count ? -1.0f : me == root ? value(i) : -3.0f;
+    comm.broadcast(buffer, count, DType::f32, root);
+    for (std::size_t i = 0; i < count + kGuard; ++i) {
+      const float expected = i >= count ? -1.0f : value(i);
+      if (buffer[i] != expected) {
+        std::printf("rank %d: broadcast_places root %d %s %zu: element %zu is %g, expected %g\n", me, root, layout,
+                    count, i, static_cast<double>(buffer[i]), static_cast<double>(expected));
+        return 1;
+      }
+    }
+    std::printf("rank %d: broadcast_places root %d %s %zu ok (%s)\n", me, root, layout, count,
+                comm.last_algorithm().c_str());
+    return 0;
+  };
+  for (const std::size_t count : {std::size_t{20011}, std::size_t{1000003}}) {
+    for (int root = 0; root < n; ++root) {
+      if (broadcast_into(world, root, "private", false, count) != 0) return 1;
+      if (broadcast_into(world, root, "arena", me != root && me % 2 == 1, count) != 0) return 1;
+      // cma_allowed() is asked when a communicator opens: the rank after the root forbids it for
+      // the one split off now.
+      const bool forbids = me == (root + 1) % n;
+      if (forbids) ::setenv("NODAL_CMA", "0", 1);
+      nodal::Communicator split = world.split(0, me);
+      if (forbids) ::setenv("NODAL_CMA", "1", 1);
+      if (broadcast_into(split, root, "no_cma", false, count) != 0) return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1982,6 +2030,8 @@ int main(int argc, char** argv) {
     rc = mixed_place(ctx, options.get("arena", 0) == 1);
   else if (mode == "gather_places")
     rc = gather_places(ctx);
+  else if (mode == "broadcast_places")
+    rc = broadcast_places(ctx);
   else if (mode == "kill")
     rc = kill_mode(ctx, options);
   else if (mode == "part_way")

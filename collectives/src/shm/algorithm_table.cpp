@@ -112,7 +112,7 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const Co
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept {
   if (intel_processor()) {
     switch (kind) {
-      case CollKind::broadcast: return kXeonCmaBroadcastEndBytes;
+      case CollKind::broadcast:
       case CollKind::gather:
       case CollKind::scatter: return std::numeric_limits<std::size_t>::max();
       default: return kXeonCmaAllProduceEndBytes;

@@ -85,8 +85,10 @@ constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 /// 1.13-3.8x the pipelined path's speed on 2 ranks from 512 KiB: allgather and alltoall to 8 MiB
 /// (0.72-0.96x from 16 MiB, where the pipelined path streams its stores), broadcast to 4 MiB (0.95x
 /// at 8 MiB), gather and scatter to 64 MiB (bench/results/2026-12-02-cma-copy-on-xeon.md). So on
-/// an Intel processor these ends hold instead; gather and scatter take cma at every size.
-constexpr std::size_t kXeonCmaBroadcastEndBytes = 8u << 20;
+/// an Intel processor the end of allgather and alltoall holds instead; gather and scatter take
+/// cma at every size, and so does broadcast since its root writes a share of the message into the
+/// receivers while they read the rest (shm/cma.cpp run_cma_broadcast): 1.06-4.5x the pipelined
+/// path's speed at 64 KiB-32 MiB, even at 64 MiB (bench/results/2026-12-03-split-broadcast.md).
 constexpr std::size_t kXeonCmaAllProduceEndBytes = 16u << 20;
 
 /// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has

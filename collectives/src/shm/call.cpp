@@ -319,6 +319,10 @@ void Call::run_lockstep(bool small) {
     run_cma_gather();
     return;
   }
+  if (algorithm == Algorithm::cma && call_.kind == CollKind::broadcast && c_.shared->crowded == 0) {
+    run_cma_broadcast();
+    return;
+  }
   if (algorithm == Algorithm::in_place && call_.kind == CollKind::allreduce) {
     run_push_allreduce();
     return;

@@ -144,6 +144,43 @@ void Call::run_cma_gather() {
   }
 }
 
+void Call::run_cma_broadcast() {
+  // The message cut as line_block cuts it: receivers read every block but the last from the
+  // root's buffer while the root writes the last into each receiver's output, so that two copies
+  // run at once instead of one while the root waits (bench/results/2026-12-03-split-broadcast.md).
+  // A receiver whose memory cma may not write (and whose output is not in the arena) reads all.
+  const int root = call_.root;
+  const auto [tail, tail_len] = line_block(n_ - 1, 0, call_.count);
+  auto pushed = [&](int q) { return tail_len != 0 && (c_.progress[q].cma != 0 || c_.header(q, seq_).out_arena); };
+  if (r_ == root) {
+    // As in run_cma_gather: no writes into a failed job's receivers.
+    check_job_alive();
+    const std::byte* from = bytes(call_.input) + tail * esize_;
+    for (int q = 0; q < n_; ++q) {
+      if (q == root || !pushed(q)) continue;
+      const CallHeader& theirs = c_.header(q, seq_);
+      const std::uint64_t at = theirs.output_offset + tail * esize_;
+      if (theirs.out_arena) {
+        copy_bytes(c_.arena->at(at), from, tail_len * esize_);
+      } else {
+        cma_write(q, at, from, tail_len * esize_);
+      }
+    }
+    publish(c_, progress(r_).posted, flag(0));
+    // The receivers read my buffer: it goes back to the caller once they are done.
+    for (int q = 0; q < n_; ++q) {
+      if (q != root) wait_consumed(q, 0);
+    }
+    return;
+  }
+  const bool mine_pushed = pushed(r_);
+  const std::size_t reads = mine_pushed ? tail : call_.count;
+  if (reads != 0) cma_read(root, call_.output, c_.header(root, seq_).input_offset, reads * esize_);
+  publish(c_, progress(r_).consumed, flag(0));
+  // My output is whole once the root's share has come too.
+  if (mine_pushed) wait_flag(c_, progress(root).posted, flag(0), "collective");
+}
+
 void Call::run_cma_push_allreduce() {
   // My block, a step at a time: the peers' parts read into the scratch, reduced with mine into my
   // output, and written from there (still in cache) into every peer's output.
