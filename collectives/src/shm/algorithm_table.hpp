@@ -87,8 +87,8 @@ constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 /// at 8 MiB), gather and scatter to 64 MiB (bench/results/2026-12-02-cma-copy-on-xeon.md). So on
 /// an Intel processor the end of allgather and alltoall holds instead; gather and scatter take
 /// cma at every size, and so does broadcast since its root writes a share of the message into the
-/// receivers while they read the rest (shm/cma.cpp run_cma_broadcast): 1.06-4.5x the pipelined
-/// path's speed at 64 KiB-32 MiB, even at 64 MiB (bench/results/2026-12-03-split-broadcast.md).
+/// receivers while they read the rest (shm/cma.cpp run_cma_broadcast): 1.7-1.8x the pipelined
+/// path's speed at 8-32 MiB on 2 ranks, even at 64 MiB (bench/results/2026-12-02-split-broadcast.md).
 constexpr std::size_t kXeonCmaAllProduceEndBytes = 16u << 20;
 
 /// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has

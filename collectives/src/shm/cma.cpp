@@ -147,7 +147,7 @@ void Call::run_cma_gather() {
 void Call::run_cma_broadcast() {
   // The message cut as line_block cuts it: receivers read every block but the last from the
   // root's buffer while the root writes the last into each receiver's output, so that two copies
-  // run at once instead of one while the root waits (bench/results/2026-12-03-split-broadcast.md).
+  // run at once instead of one while the root waits (bench/results/2026-12-02-split-broadcast.md).
   // A receiver whose memory cma may not write (and whose output is not in the arena) reads all.
   const int root = call_.root;
   const auto [tail, tail_len] = line_block(n_ - 1, 0, call_.count);
