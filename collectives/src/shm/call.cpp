@@ -183,7 +183,18 @@ void Call::await_credit(std::uint64_t depth) {
 
 void Call::publish_header(bool small, bool wake) {
   CallHeader& h = c_.header(r_, seq_);
-  if (small && contribution_ != 0) std::memcpy(c_.inline_data(r_, seq_), call_.input, contribution_);
+  if (small && contribution_ != 0) {
+    if (call_.kind == CollKind::scatter) {
+      // The root's own block stays where it is (run_small copies it from its input): the slot
+      // gets the others' blocks only, at their places.
+      const std::size_t block = call_.count * esize_;
+      for (int j = 0; j < n_; ++j) {
+        if (j != r_) std::memcpy(c_.inline_data(r_, seq_) + j * block, bytes(call_.input) + j * block, block);
+      }
+    } else {
+      std::memcpy(c_.inline_data(r_, seq_), call_.input, contribution_);
+    }
+  }
   h.kind = call_.kind;
   h.dtype = call_.dtype;
   h.op = call_.op;
@@ -366,8 +377,17 @@ void Call::run_rooted_small() {
 }
 
 void Call::prefetch_next_slots(bool toward_root) const {
+  // The lines of the next slot this call's part would lie in, should the next call be like it
+  // (back to back calls of one size): the header's, and those of the data past its first 32 bytes.
+  const std::size_t n = call_.count * esize_;
+  const std::size_t first = call_.kind == CollKind::scatter ? static_cast<std::size_t>(r_) * n : 0;
+  const std::size_t from = (kInlineOffset + first) / kCacheLine;
+  const std::size_t to = std::min((kInlineOffset + first + n + kCacheLine - 1) / kCacheLine, from + kPrefetchSlotLines);
   for (int j = 0; j < n_; ++j) {
-    if (j != r_ && (toward_root || j == call_.root)) __builtin_prefetch(&c_.header(j, seq_ + 1), 0);
+    if (j == r_ || !(toward_root || j == call_.root)) continue;
+    const auto* slot = reinterpret_cast<const std::byte*>(&c_.header(j, seq_ + 1));
+    __builtin_prefetch(slot, 0);
+    for (std::size_t line = std::max<std::size_t>(from, 1); line < to; ++line) __builtin_prefetch(slot + line * kCacheLine, 0);
   }
 }
 

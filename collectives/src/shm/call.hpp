@@ -77,6 +77,10 @@ class Sources {
 };
 
 
+/// The most lines of a peer's next slot a receiver of a small rooted call prefetches beyond the
+/// header's (Call::prefetch_next_slots).
+constexpr std::size_t kPrefetchSlotLines = 8;
+
 class Call {
  public:
   Call(CommState& comm, const CollCall& call)
@@ -117,7 +121,10 @@ class Call {
   /// its next call, which its senders (running ahead on credit) have usually written by then, so
   /// that the line crosses between cores while this rank returns and makes that call. On 2 ranks,
   /// reduce and gather at 4-64 B 1.04-1.17x (bench/results/2026-11-28-small-call-path.md); the
-  /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x.
+  /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x. Also
+  /// the lines of data this call read there beyond the first (up to kPrefetchSlotLines): on 2
+  /// ranks of an Intel Xeon broadcast, gather and reduce at 64 B-1 KiB 1.2-1.6x
+  /// (bench/results/2026-12-02-small-rooted-prefetch.md). The slot of call seq + 2 as well: no gain.
   /// `toward_root`: gather or reduce (every peer sends), else only the root sends.
   void prefetch_next_slots(bool toward_root) const;
   /// In a copy collective (broadcast, allgather, gather, scatter, alltoall): whether rank j
