@@ -184,9 +184,11 @@ void Call::await_credit(std::uint64_t depth) {
 void Call::publish_header(bool small, bool wake) {
   CallHeader& h = c_.header(r_, seq_);
   if (small && contribution_ != 0) {
-    if (call_.kind == CollKind::scatter) {
+    if (call_.kind == CollKind::scatter && n_ == 2) {
       // The root's own block stays where it is (run_small copies it from its input): the slot
-      // gets the others' blocks only, at their places.
+      // gets the other's block only, at its place. On 2 ranks of an Intel Xeon 1.1-2x at 128 B-1 KiB
+      // and 4-8 KiB (0.8x at 2 KiB); on 4 ranks sharing 2 cores 0.7-0.9x at 512 B-2 KiB, so not there
+      // (bench/results/2026-12-02-small-rooted-prefetch.md).
       const std::size_t block = call_.count * esize_;
       for (int j = 0; j < n_; ++j) {
         if (j != r_) std::memcpy(c_.inline_data(r_, seq_) + j * block, bytes(call_.input) + j * block, block);
