@@ -123,7 +123,7 @@ class Call {
   /// reduce and gather at 4-64 B 1.04-1.17x (bench/results/2026-11-28-small-call-path.md); the
   /// same for this rank's own next slot (write intent) made allreduce and scatter 0.6-0.9x. Also
   /// the lines of data this call read there beyond the first (up to kPrefetchSlotLines): on 2
-  /// ranks of an Intel Xeon broadcast, gather and reduce at 64 B-1 KiB 1.2-1.6x
+  /// ranks of an Intel Xeon gather and reduce at 64 B-1 KiB 1.25-1.64x (broadcast 0.95-1.2x)
   /// (bench/results/2026-12-02-small-rooted-prefetch.md). The slot of call seq + 2 as well: no gain.
   /// `toward_root`: gather or reduce (every peer sends), else only the root sends.
   void prefetch_next_slots(bool toward_root) const;
