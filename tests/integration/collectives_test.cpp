@@ -337,11 +337,11 @@ TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
 }
 
 TEST(Collectives, BroadcastRootWritesItsShareIntoTheReceiversWhereverTheirBuffersAre) {
-  // shm/cma.cpp run_cma_broadcast: while every rank has a core, the receivers read all but the
-  // last block of the root's private buffer and the root writes that block into theirs (with
-  // process_vm_writev, or a copy into the arena), and a receiver that forbids cma reads it all;
-  // when ranks outnumber cores the receivers read it all. 3 ranks, every root, 80 KB (cma's range
-  // everywhere) and 4 MB; every element and the 64 after the message checked.
+  // shm/cma.cpp run_cma_broadcast: the receivers read all but the last block of the root's private
+  // buffer and the root writes that block into theirs (with process_vm_writev, or a copy into the
+  // arena), and a receiver that forbids cma reads it all. 3 ranks, every root, 80 KB (cma's range
+  // everywhere) and 4 MB (cma when ranks outnumber cores or on Intel), with a core each and not;
+  // every element and the 64 after the message checked.
   if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const int n = 3;
   for (bool crowded : {false, true}) {

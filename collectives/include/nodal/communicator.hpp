@@ -57,9 +57,9 @@
 //              otherwise pipelined. gather's peers instead write their blocks into the root's
 //              output (process_vm_writev) and return, while the root copies its own: the copies
 //              run on every core at once (4 ranks on 2 cores: 1.28-2.25x the reading root's
-//              speed). broadcast's root, while every rank has a core, writes the last block
-//              of n into each receiver's output meanwhile, the receivers reading the rest (2 ranks:
-//              2.0-3.3x Open MPI 4.1.4 at 1-4 MiB on Intel Xeon). Also reduce while (world_size - 1) x size <= 256 KiB and every rank has a
+//              speed). broadcast's root writes the last block of n into each receiver's output
+//              meanwhile, the receivers reading the rest (2 ranks: 2.0-3.3x Open MPI 4.1.4 at
+//              1-4 MiB on Intel Xeon; 4 ranks on 2 cores 1.3-2x the speed of reading it all). Also reduce while (world_size - 1) x size <= 256 KiB and every rank has a
 //              core (the root reads the inputs), and allreduce on 2 ranks from
 //              1 MiB below 32 MiB (in place, input == output, up to 64 MiB; from 8 MiB in place each
 //              rank also writes its reduced block into the peer's output with process_vm_writev).

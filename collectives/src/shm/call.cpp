@@ -332,7 +332,7 @@ void Call::run_lockstep(bool small) {
     run_cma_gather();
     return;
   }
-  if (algorithm == Algorithm::cma && call_.kind == CollKind::broadcast && c_.shared->crowded == 0) {
+  if (algorithm == Algorithm::cma && call_.kind == CollKind::broadcast) {
     run_cma_broadcast();
     return;
   }

@@ -178,8 +178,8 @@ class Call {
   /// gather: every peer writes its block into the root's output (process_vm_writev) and returns;
   /// the root copies its own meanwhile and waits for their `posted`.
   void run_cma_gather();                           // shm/cma.cpp
-  /// broadcast while every rank has a core: receivers read the message from the root's buffer
-  /// but for its last block, which the root writes into their outputs meanwhile (process_vm_writev).
+  /// broadcast: receivers read the message from the root's buffer but for its last block, which
+  /// the root writes into their outputs meanwhile (process_vm_writev).
   void run_cma_broadcast();                        // shm/cma.cpp
   /// allreduce in place on large messages: my block reduced and written into every output.
   void run_cma_push_allreduce();                   // shm/cma.cpp
