@@ -336,6 +336,28 @@ TEST(Collectives, GatherPeersWriteIntoTheRootsOutputWhereverItIs) {
   }
 }
 
+TEST(Collectives, ReduceIntoARootsOutputWhereverItIs) {
+  // reduce of private inputs, every root in turn, its output private or in the arena: while every
+  // rank has a core and (world_size - 1) x size <= 256 KiB the root reads the inputs (cma,
+  // shm/cma.cpp run_cma_reduce), when ranks outnumber cores the peers stage (linear). 3 ranks,
+  // 80 KB (cma or linear) and 400 KB (beyond both: pipelined); every element and the 64 after the
+  // message checked on the root.
+  if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
+  const int n = 3;
+  for (bool crowded : {false, true}) {
+    ChildResult r = run_coll(n, {"reduce_places"},
+                             {"--shm-size", "1G", "-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
+    ASSERT_FALSE(r.timed_out);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const std::string where = "crowded " + std::to_string(crowded) + ": ";
+    const std::string small = crowded ? "linear" : "cma";
+    EXPECT_EQ(count_lines(r.out, R"(reduce_places root [0-2] (private|arena) 20011 ok \()" + small + R"(\))"), n * n * 2)
+        << where << r.out;
+    EXPECT_EQ(count_lines(r.out, R"(reduce_places root [0-2] (private|arena) 100003 ok \(pipelined\))"), n * n * 2)
+        << where << r.out;
+  }
+}
+
 TEST(Collectives, BroadcastRootWritesItsShareIntoTheReceiversWhereverTheirBuffersAre) {
   // shm/cma.cpp run_cma_broadcast: the receivers read all but the last block of the root's private
   // buffer and the root writes that block into theirs (with process_vm_writev, or a copy into the

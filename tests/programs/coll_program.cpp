@@ -35,6 +35,9 @@
 //             (1, 20 and 48 MiB): every rank must take the same algorithm; results checked.
 //   gather_places  gather of private inputs into a root's output that is private or in the arena
 //             (every root in turn; cma's range): results and algorithm printed.
+//   reduce_places  reduce of private inputs into a root's output that is private or in the arena
+//             (every root in turn; 80 KB and 400 KB of f32): the root's result and the 64
+//             elements after it checked, algorithm printed.
 //   broadcast_places  broadcast from a private root buffer (every root in turn; 80 KB and 4 MB of
 //             f32) into receivers' buffers that are private, in the arena on odd ranks, or on a
 //             rank that forbids cma (NODAL_CMA=0 for a communicator split off after it): results
@@ -1938,6 +1941,42 @@ int gather_places(const nodal::Context& ctx) {
   return gather_into(0, false, count, false);
 }
 
+/// reduce_places: every root in turn, the inputs private, the root's output private or in the
+/// arena; sums of small integers are exact, so every element is checked against its sum, and not
+/// one after the message may change.
+int reduce_places(const nodal::Context& ctx) {
+  nodal::Communicator world = ctx.world();
+  const int n = world.world_size(), me = world.rank();
+  constexpr std::size_t kGuard = 64;
+  for (const std::size_t count : {std::size_t{20011}, std::size_t{100003}}) {
+    std::vector<float> in(count);
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(me * 1000 + static_cast<int>(i % 997));
+    for (int root = 0; root < n; ++root) {
+      for (const bool arena : {false, true}) {
+        const bool is_root = me == root;
+        std::vector<float> own(is_root ? count + kGuard : 0, -1.0f);
+        Tensor shared = is_root && arena ? alloc(count + kGuard, DType::f32, true) : Tensor();
+        float* out = shared.defined() ? shared.data_ptr<float>() : own.data();
+        if (shared.defined()) std::fill(out, out + count + kGuard, -1.0f);
+        world.reduce(in.data(), is_root ? out : nullptr, count, DType::f32, nodal::ReduceOp::sum, root);
+        for (std::size_t i = 0; is_root && i < count + kGuard; ++i) {
+          const float expected =
+              i >= count ? -1.0f : static_cast<float>(1000 * n * (n - 1) / 2 + n * static_cast<int>(i % 997));
+          if (out[i] != expected) {
+            std::printf("rank %d: reduce_places root %d %s %zu: element %zu is %g, expected %g\n", me, root,
+                        arena ? "arena" : "private", count, i, static_cast<double>(out[i]),
+                        static_cast<double>(expected));
+            return 1;
+          }
+        }
+        std::printf("rank %d: reduce_places root %d %s %zu ok (%s)\n", me, root, arena ? "arena" : "private", count,
+                    world.last_algorithm().c_str());
+      }
+    }
+  }
+  return 0;
+}
+
 /// broadcast_places: every root in turn, from a private buffer; the receivers' buffers private
 /// ("private"), in the arena on odd ranks ("arena"), or private on a communicator where the rank
 /// after the root forbids cma ("no_cma"). Where the root writes a share of the message into the
@@ -2030,6 +2069,8 @@ int main(int argc, char** argv) {
     rc = mixed_place(ctx, options.get("arena", 0) == 1);
   else if (mode == "gather_places")
     rc = gather_places(ctx);
+  else if (mode == "reduce_places")
+    rc = reduce_places(ctx);
   else if (mode == "broadcast_places")
     rc = broadcast_places(ctx);
   else if (mode == "kill")
