@@ -60,11 +60,19 @@ const char* coll_kind_name(CollKind kind) noexcept {
   return "?";
 }
 
-std::size_t CommConfig::slot_bytes() const { return round_up(kInlineOffset + small_max, kCacheLine); }
+std::size_t CommConfig::slot_data_bytes(std::size_t world_size) const {
+  if (small_max_set) return small_max;
+  return world_size <= 4 ? kSmallSlotMaxBytes : kSmallMaxBytes;
+}
+
+std::size_t CommConfig::slot_bytes(std::size_t world_size) const {
+  return round_up(kInlineOffset + slot_data_bytes(world_size), kCacheLine);
+}
 
 std::uint64_t CommConfig::slot_depth(std::size_t world_size) const {
-  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(), 2, kRankBudgetMaxDepth);
-  const std::uint64_t per_comm = std::min<std::uint64_t>(kCommSlotBudget / (world_size * slot_bytes()), kMaxSlotDepth);
+  const std::size_t data = std::max<std::size_t>(slot_data_bytes(world_size), 1);
+  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(world_size), 2, kRankBudgetMaxDepth);
+  const std::uint64_t per_comm = std::min<std::uint64_t>(kCommSlotBudget / (world_size * data), kMaxSlotDepth);
   return std::bit_floor(std::max(per_rank, per_comm));
 }
 
@@ -87,7 +95,8 @@ bool cma_allowed() {
 const CommConfig& comm_config() {
   static const CommConfig config = [] {
     CommConfig c{};
-    c.small_max = env_bytes("NODAL_SMALL_MAX_BYTES", 16 * 1024, 0);
+    c.small_max_set = !getenv_or_empty("NODAL_SMALL_MAX_BYTES").empty();
+    c.small_max = env_bytes("NODAL_SMALL_MAX_BYTES", kSmallMaxBytes, 0);
     // Chunks are cut into world_size blocks of whole cache lines (up to 8-byte elements).
     c.chunk_bytes = round_up(env_bytes("NODAL_CHUNK_BYTES", 1024 * 1024, 4096), kCacheLine);
     c.ring_depth = 2;
@@ -125,7 +134,7 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   // A chunk holds one cache line per member at least.
   state->config.chunk_bytes = std::max(state->config.chunk_bytes, state->global_ranks.size() * kCacheLine);
   const std::size_t n = static_cast<std::size_t>(state->size);
-  const std::size_t slot_bytes = state->config.slot_bytes();
+  const std::size_t slot_bytes = state->config.slot_bytes(n);
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
   const std::uint64_t depth = state->config.slot_depth(n);

@@ -72,15 +72,15 @@ static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(Call
 /// receiver catches up only when it is scheduled, so the depth sets how many calls one time slice
 /// serves: on 4 ranks sharing 2 cores, small broadcast took 0.78 us a call at depth 16, 0.52 at 32
 /// and 0.41 at 64 (bench/results/2026-12-02-slot-depth.md; 16 was 3x faster than 4).
-/// The depth is as many slots as fit kCommSlotBudget for the whole communicator (up to
-/// kMaxSlotDepth: 64 up to 15 ranks with the default 16 KiB small path, 32 up to 31), and never
-/// less than the rule before it gave, as many as fit kSlotBudget per rank (2 to
-/// kRankBudgetMaxDepth: 16 with the default small path), so large communicators keep their depth
-/// and memory of before. The cost is arena room: up to 15 ranks 4x the slots of before (2 ranks
-/// 2.0 MiB instead of 0.5, 4 ranks 4.0 instead of 1.0, 15 ranks 15.1 instead of 3.8; a 16-rank
-/// communicator 8.0 MiB, its pipelined ring 64 MiB), taken when the communicator opens and kept for
-/// the job (no communicator's part of the arena is freed), so a job that opens hundreds of
-/// communicators needs a larger --shm-size.
+/// The depth is as many slots as fit kCommSlotBudget of slot data for the whole communicator (up
+/// to kMaxSlotDepth: 64 up to 16 ranks, 32 up to 32, with the default small path), and never less
+/// than as many as fit kSlotBudget per rank (2 to kRankBudgetMaxDepth: 16 from 33 ranks), so large
+/// communicators keep their depth and memory. The cost is arena room, taken when the communicator
+/// opens and kept for the job (no communicator's part of the arena is freed): 2-4 ranks, whose
+/// slots hold 64 KiB (kSmallSlotMaxBytes), 8.0, 12.0 and 16.0 MiB; 5 ranks 5.0 MiB, 16 ranks 16 MiB
+/// (its pipelined ring 64 MiB). A job that opens hundreds of communicators needs a larger --shm-size.
+constexpr std::size_t kSmallMaxBytes = 16 * 1024;
+constexpr std::size_t kSmallSlotMaxBytes = 64 * 1024;
 constexpr std::size_t kCommSlotBudget = 16 * 1024 * 1024;
 constexpr std::size_t kSlotBudget = 512 * 1024;
 constexpr std::uint64_t kRankBudgetMaxDepth = 16;
@@ -110,14 +110,23 @@ constexpr std::uint64_t kLeftComm = ~std::uint64_t{0};
 
 /// Sizes every member must agree on (they come from the same environment).
 struct CommConfig {
-  std::size_t small_max;    ///< bytes of a small call's per-rank data
+  /// NODAL_SMALL_MAX_BYTES where set (small_max_set): every op's small limit and the slots' data
+  /// bytes; else kSmallMaxBytes, the limit of every op beyond the per-op exceptions
+  /// (shm/algorithm_table.hpp small_max_bytes).
+  std::size_t small_max;
+  bool small_max_set;
   std::size_t chunk_bytes;  ///< bytes per pipeline step (all blocks together)
   int ring_depth;           ///< steps in flight
   /// Bytes per rank from which copies of private buffers read the peers' memory with one
   /// process_vm_readv (shm/algorithm_table.hpp "cma") instead of staging them.
   std::size_t cma_min_bytes;
   StagingSetting staging;  ///< NODAL_STAGING_STORES (shm/staging_stores.hpp)
-  std::size_t slot_bytes() const;
+  /// Bytes of small-call data a slot of a communicator of `world_size` members holds: small_max
+  /// where set, else kSmallSlotMaxBytes on 2-4 ranks (where some ops take the small path further:
+  /// shm/algorithm_table.hpp small_max_bytes), kSmallMaxBytes beyond.
+  std::size_t slot_data_bytes(std::size_t world_size) const;
+  /// A slot: its header and slot_data_bytes, in whole cache lines.
+  std::size_t slot_bytes(std::size_t world_size) const;
   /// Slots per rank of a communicator of `world_size` members (kCommSlotBudget).
   std::uint64_t slot_depth(std::size_t world_size) const;
 };

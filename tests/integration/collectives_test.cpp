@@ -284,6 +284,39 @@ bool intel_processor() {
   return info.find("GenuineIntel") != std::string::npos;
 }
 
+TEST(Collectives, RootedCallsTakeTheSmallPathFurtherOnTwoToFourCrowdedRanks) {
+  // shm/algorithm_table.hpp small_max_bytes: a call is small while its largest slot contribution
+  // (a scatter root's, every alltoall and reduce_scatter rank's: world_size messages) is within
+  // 16 KiB, except where ranks outnumber cores: on 2-4 ranks broadcast and scatter up to 64 KiB,
+  // on 4 ranks reduce up to 32 KiB. Private buffers in place and out: allreduce, reduce, allgather and reduce_scatter
+  // 2 calls per size, broadcast, gather, scatter and alltoall 1; every result checked.
+  struct Case {
+    int n;
+    bool crowded;
+    int small;  // small calls per rank of the 48 at 8, 16, 32 and 64 KiB
+  };
+  for (const Case& c : {
+           // broadcast 4, scatter 2 (8-16 KiB: 3-4 blocks within 64 KiB), reduce 6 on 4 ranks
+           // (8-32 KiB), 4 on 3 (8-16 KiB), allgather, gather and allreduce at 8-16 KiB 4, 2 and 4.
+           Case{3, true, 20},
+           Case{4, true, 22},
+           // 16 KiB for every op: broadcast 2, reduce 4, allgather 4, gather 2, allreduce 4.
+           Case{4, false, 16},
+       }) {
+    ChildResult r = run_coll(c.n,
+                             {"matrix", "colls=all", "sizes=8192B,16384B,32768B,65536B", "dtypes=f32", "ops=sum",
+                              "variants=raw/in/private,raw/out/private"},
+                             {"-x", c.crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
+    expect_all_ranks_ok(r, c.n);
+    auto algorithms = algorithms_used(r.out);
+    const std::string where = std::to_string(c.n) + " ranks, crowded " + std::to_string(c.crowded) + ": ";
+    EXPECT_EQ(algorithms["private:small"], c.n * c.small) << where << describe(algorithms);
+    int total = 0;
+    for (const auto& [name, calls] : algorithms) total += calls;
+    EXPECT_EQ(total, c.n * 48) << where << describe(algorithms);
+  }
+}
+
 TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {
   // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B, 4 MB and 16 MiB + 400 B of f32 per
   // rank. While every rank has a core (algorithm_table.hpp, cma_copy_end_bytes), on AMD and other
@@ -598,7 +631,7 @@ TEST_P(Errors, SmallRootedCallsLetSendersRunAheadWithEveryResultRight) {
 TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
   const std::vector<AlgorithmRule> table = Communicator::algorithm_table();
   ASSERT_EQ(table.size(), 16u);  // 8 ops: the small path up to 16 KiB, then the rest
-  std::map<std::string, std::string> large;
+  std::map<std::string, std::string> small, large;
   for (std::size_t i = 0; i < table.size(); i += 2) {
     EXPECT_EQ(table[i].op, table[i + 1].op);
     EXPECT_EQ(table[i].max_bytes, 16u * 1024) << table[i].op;
@@ -606,8 +639,16 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
     large[table[i].op] = table[i + 1].algorithm;
     const bool rooted = table[i].op == "broadcast" || table[i].op == "scatter" || table[i].op == "gather" ||
                         table[i].op == "reduce";
-    EXPECT_EQ(table[i].algorithm, rooted ? "small (the sender posts and returns)" : "small") << table[i].op;
+    EXPECT_TRUE(table[i].algorithm.starts_with(rooted ? "small (the sender posts and returns)" : "small"))
+        << table[i].op;
+    small[table[i].op] = table[i].algorithm;
   }
+  // The ops that go further where ranks outnumber cores (shm/algorithm_table.hpp small_max_bytes) say so.
+  EXPECT_EQ(small["broadcast"], "small (the sender posts and returns); up to 64 KiB on 2-4 ranks outnumbering cores");
+  EXPECT_EQ(small["scatter"], "small (the sender posts and returns); up to 64 KiB on 2-4 ranks outnumbering cores");
+  EXPECT_EQ(small["reduce"], "small (the sender posts and returns); up to 32 KiB on 4 ranks outnumbering cores");
+  EXPECT_EQ(small["allreduce"], "small");
+  EXPECT_EQ(small["gather"], "small (the sender posts and returns)");
   EXPECT_EQ(large["reduce_scatter"], "in_place if every rank's buffers are in the arena, else pipelined");
   EXPECT_TRUE(contains(large["reduce"], "while (world_size - 1) * size <= 256 KiB: linear when ranks outnumber cores, "
                                        "else cma from 16 KiB where allowed; else on 2 ranks with a core each linear "

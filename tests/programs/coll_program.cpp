@@ -1263,10 +1263,10 @@ int rooted(const nodal::Context& ctx, const Options& o) {
     }
   }
   // Senders run ahead of receivers that sleep: depth - 1 calls return at once. With the default
-  // small size the depth is 64 slots up to 15 ranks, 32 up to 31, 16 beyond (comm_state.hpp
+  // small size the depth is 64 slots up to 16 ranks, 32 up to 32, 16 beyond (comm_state.hpp
   // kCommSlotBudget); a shallower ring fails here. Another NODAL_SMALL_MAX_BYTES only promises 2.
   const bool default_small = std::getenv("NODAL_SMALL_MAX_BYTES") == nullptr;
-  const int ahead_calls = !default_small ? 1 : n <= 15 ? 63 : n <= 31 ? 31 : 15;
+  const int ahead_calls = !default_small ? 1 : n <= 16 ? 63 : n <= 32 ? 31 : 15;
   auto ahead = [&](bool sender, const std::function<void(int)>& call) {
     world.barrier();
     auto start = Clock::now();

@@ -9,11 +9,12 @@
 // - Collective calls are made by every rank of the communicator, in the same order, with the same
 //   count, dtype, op and root. A mismatch is detected and throws UsageError on every rank (never
 //   a hang or a wrong answer); the communicator stays usable afterwards. One exception in timing:
-//   small broadcast, scatter, gather and reduce (<= NODAL_SMALL_MAX_BYTES per rank) are eager, as
-//   in MPI: their senders (the root of broadcast and scatter, the others of gather and reduce) post
-//   and return, up to 63 calls ahead of the receivers with the default NODAL_SMALL_MAX_BYTES (31
-//   from 16 ranks, 15 from 32), so a sender's UsageError for a mismatched one comes from its next
-//   collective call.
+//   small broadcast, scatter, gather and reduce (<= 16 KiB per rank; on 2-4 ranks outnumbering
+//   cores broadcast and scatter up to 64 KiB in the root's slot, on 4 reduce up to 32 KiB; or
+//   NODAL_SMALL_MAX_BYTES) are eager, as in MPI: their senders (the root of broadcast and scatter,
+//   the others of gather and reduce) post and return, up to 63 calls ahead of the receivers with
+//   the default small path (31 from 17 ranks, 15 from 33), so a sender's UsageError for a
+//   mismatched one comes from its next collective call.
 // - Results are bitwise identical on every rank and from run to run: contributions are combined
 //   in rank order (0, 1, ..., n-1) whatever the algorithm; f16 and bf16 are accumulated in f32 and
 //   rounded once (to nearest even). Integer sum and prod wrap around (two's complement); integer
@@ -74,8 +75,9 @@
 //                                 the buffers are in the arena; elsewhere the automatic choice.
 //   NODAL_CMA=0                   never use cross-memory attach
 //   NODAL_CMA_MIN_BYTES=N         smallest copy (bytes per rank) that takes cma (default 16 KiB)
-//   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path
-//                                 (default 16 KiB; 0: never)
+//   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path,
+//                                 for every op (default 16 KiB; broadcast and scatter 64 KiB on
+//                                 2-4 ranks outnumbering cores, reduce 32 KiB on 4; 0: never)
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: most bytes per step, all blocks together (default
 //                                 1 MiB, at least 4096); a message of one chunk from 256 KiB takes
 //                                 two steps while every rank has a core

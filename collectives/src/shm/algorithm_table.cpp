@@ -104,9 +104,20 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
   return "?";
 }
 
-bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const CommConfig& config) {
+std::size_t small_max_bytes(CollKind kind, int world_size, bool crowded, const CommConfig& config) noexcept {
+  if (config.small_max_set) return config.small_max;
+  if (crowded && world_size <= 4) {
+    if (kind == CollKind::broadcast || kind == CollKind::scatter) return kSmallSlotMaxBytes;
+    if (kind == CollKind::reduce && world_size == 4) return kSmallSlotMaxBytes / 2;
+  }
+  return kSmallMaxBytes;
+}
+
+bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, int world_size, bool crowded,
+                 const CommConfig& config) {
   const Forced forced = forced_algorithm(kind);
-  return !on_gpu && largest_bytes <= config.small_max && (forced == Forced::none || forced == Forced::small);
+  return !on_gpu && largest_bytes <= small_max_bytes(kind, world_size, crowded, config) &&
+         (forced == Forced::none || forced == Forced::small);
 }
 
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept {
@@ -149,7 +160,14 @@ std::vector<AlgorithmRule> describe_algorithm_table(const CommConfig& config) {
                                : "NODAL_ALGO";
     const Forced forced = forced_algorithm(kind);
     if (forced == Forced::none) {
-      table.push_back({op, config.small_max, is_rooted(kind) ? "small (the sender posts and returns)" : "small"});
+      std::string small = is_rooted(kind) ? "small (the sender posts and returns)" : "small";
+      // Where the limit grows (small_max_bytes), in words.
+      const std::size_t crowded = small_max_bytes(kind, 4, true, config);
+      if (crowded != config.small_max) {
+        const bool from_2 = small_max_bytes(kind, 2, true, config) == crowded;
+        small += "; up to " + format_bytes(crowded) + (from_2 ? " on 2-4" : " on 4") + " ranks outnumbering cores";
+      }
+      table.push_back({op, config.small_max, small});
       table.push_back({op, SIZE_MAX, large_rule(kind, config)});
     } else {
       table.push_back({op, SIZE_MAX,

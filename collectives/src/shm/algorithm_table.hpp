@@ -3,7 +3,8 @@
 // prints it). Internal. The algorithms, each in the file named for it:
 //
 //   small      shm/small.cpp          the data rides in the call slots with the headers
-//                                     (<= NODAL_SMALL_MAX_BYTES per rank); for broadcast,
+//                                     (<= 16 KiB per rank; broadcast, scatter, reduce further
+//                                     where ranks outnumber cores: small_max_bytes); for broadcast,
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
 //   in_place   shm/pipelined_*.cpp    every buffer a peer reads is in the arena: read it there
@@ -53,10 +54,27 @@ inline bool is_reduction(CollKind kind) noexcept {
          kind == CollKind::reduce_scatterv;
 }
 
+/// How far a call of `kind` takes the small path: the largest per-rank slot contribution
+/// (shm/call.hpp contribution_bytes: a scatter root's and every alltoall and reduce_scatter
+/// rank's is world_size messages) on a communicator of `world_size` members, `crowded` when
+/// ranks outnumber cores (SharedComm::crowded). NODAL_SMALL_MAX_BYTES, where set, for every op;
+/// else kSmallMaxBytes, except where ranks outnumber cores: on 2-4 ranks broadcast and scatter
+/// take it up to 64 KiB (kSmallSlotMaxBytes), on 4 ranks reduce up to 32 KiB. There a lockstep call
+/// beyond the small path waits for every rank to be scheduled, while a small rooted call's sender
+/// posts and returns. 4 ranks on 2 cores, private buffers, against 16 KiB for every op (three
+/// runs): broadcast 2.4-5x the speed at 32-64 KiB, scatter 2.1-3.8x at 8-16 KiB, reduce 1.5-2.0x at
+/// 32 KiB; 3 ranks broadcast and scatter alike, reduce 0.72-2x (so not there); arena buffers
+/// broadcast and scatter 1.1-3.8x, reduce 1.7-1.9x (bench/results/2026-12-02-crowded-rooted-small.md,
+/// which also says why allreduce and reduce_scatter on 2 ranks, allgather and alltoall crowded,
+/// faster on the small path with private buffers, do not take it: 2-3x slower than in_place with
+/// arena buffers, and whether a call is small must not depend on where one rank's buffers are).
+std::size_t small_max_bytes(CollKind kind, int world_size, bool crowded, const CommConfig& config) noexcept;
+
 /// Whether a call takes the small path: not on cuda tensors, its largest per-rank slot contribution
-/// (`largest_bytes`) fits a slot, and no override forbids it. Throws UsageError for a malformed
-/// override.
-bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, const CommConfig& config);
+/// (`largest_bytes`) within small_max_bytes, and no override forbids it. Throws UsageError for a
+/// malformed override.
+bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, int world_size, bool crowded,
+                 const CommConfig& config);
 
 /// The algorithm of a call that does not take the small path, once every header is known:
 /// `bytes` per rank, `all_in_arena` (every buffer a peer reads is in the arena), `cma_usable` (every rank whose

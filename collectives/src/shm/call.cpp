@@ -97,7 +97,7 @@ void Call::run() {
   contribution_ = contribution_bytes(call_, n_, r_);
   const std::size_t largest =
       call_.root >= 0 && call_.root != r_ ? contribution_bytes(call_, n_, call_.root) : contribution_;
-  const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest, c_.config);
+  const bool small = !vector && takes_small(call_.kind, call_.on_gpu, largest, n_, c_.shared->crowded != 0, c_.config);
   await_credit(vector ? 2 : c_.slot_depth);
   // Staged before the call counts as made: a ShmError here leaves the sequence as it was.
   if (vector) staged_ = stage_vector_call(c_, call_, seq_);
