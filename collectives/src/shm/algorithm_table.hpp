@@ -62,9 +62,9 @@ inline bool is_reduction(CollKind kind) noexcept {
 /// take it up to 64 KiB (kSmallSlotMaxBytes), on 4 ranks reduce up to 32 KiB. There a lockstep call
 /// beyond the small path waits for every rank to be scheduled, while a small rooted call's sender
 /// posts and returns. 4 ranks on 2 cores, private buffers, against 16 KiB for every op (three
-/// runs): broadcast 2.4-5x the speed at 32-64 KiB, scatter 2.1-3.8x at 8-16 KiB, reduce 1.5-2.0x at
+/// runs): broadcast 2.5-5x the speed at 32-64 KiB, scatter 2.1-3.8x at 8-16 KiB, reduce 1.5-2.0x at
 /// 32 KiB; 3 ranks broadcast and scatter alike, reduce 0.72-2x (so not there); arena buffers
-/// broadcast and scatter 1.1-3.8x, reduce 1.7-1.9x (bench/results/2026-12-02-crowded-rooted-small.md,
+/// broadcast and scatter 1.0-3.8x, reduce 1.5-1.9x (bench/results/2026-12-02-crowded-rooted-small.md,
 /// which also says why allreduce and reduce_scatter on 2 ranks, allgather and alltoall crowded,
 /// faster on the small path with private buffers, do not take it: 2-3x slower than in_place with
 /// arena buffers, and whether a call is small must not depend on where one rank's buffers are).
