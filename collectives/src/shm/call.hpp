@@ -23,7 +23,7 @@
 // and reduce) wait only for the headers they read, compare them with their own call, and copy
 // or reduce out of the slots.
 //
-// Credits. Each rank has CommConfig::slot_depth() slots (depth: 64 up to 15 ranks, 32 up to 31, 16
+// Credits. Each rank has CommConfig::slot_depth() slots (depth: 64 up to 16 ranks, 32 up to 32, 16
 // beyond, with the default small size; comm_state.hpp kCommSlotBudget), used round robin; a rank
 // writes its slot of call k once every peer has finished call k - depth (its Progress::done,
 // published at the end of a small rooted call, or its latest header, published at the start of
