@@ -60,18 +60,19 @@ const char* coll_kind_name(CollKind kind) noexcept {
   return "?";
 }
 
-std::size_t CommConfig::slot_data_bytes(std::size_t world_size) const {
+std::size_t CommConfig::slot_data_bytes(std::size_t world_size, bool crowded) const {
   if (small_max_set) return small_max;
-  return world_size <= 4 ? kSmallSlotMaxBytes : kSmallMaxBytes;
+  return crowded && world_size <= 4 ? kSmallSlotMaxBytes : kSmallMaxBytes;
 }
 
-std::size_t CommConfig::slot_bytes(std::size_t world_size) const {
-  return round_up(kInlineOffset + slot_data_bytes(world_size), kCacheLine);
+std::size_t CommConfig::slot_bytes(std::size_t world_size, bool crowded) const {
+  return round_up(kInlineOffset + slot_data_bytes(world_size, crowded), kCacheLine);
 }
 
-std::uint64_t CommConfig::slot_depth(std::size_t world_size) const {
-  const std::size_t data = std::max<std::size_t>(slot_data_bytes(world_size), 1);
-  const std::uint64_t per_rank = std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(world_size), 2, kRankBudgetMaxDepth);
+std::uint64_t CommConfig::slot_depth(std::size_t world_size, bool crowded) const {
+  const std::size_t data = std::max<std::size_t>(slot_data_bytes(world_size, crowded), 1);
+  const std::uint64_t per_rank =
+      std::clamp<std::uint64_t>(kSlotBudget / slot_bytes(world_size, crowded), 2, kRankBudgetMaxDepth);
   const std::uint64_t per_comm = std::min<std::uint64_t>(kCommSlotBudget / (world_size * data), kMaxSlotDepth);
   return std::bit_floor(std::max(per_rank, per_comm));
 }
@@ -134,10 +135,14 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
   // A chunk holds one cache line per member at least.
   state->config.chunk_bytes = std::max(state->config.chunk_bytes, state->global_ranks.size() * kCacheLine);
   const std::size_t n = static_cast<std::size_t>(state->size);
-  const std::size_t slot_bytes = state->config.slot_bytes(n);
+  // The larger slots of crowded 2-4 rank communicators serve the ops that take the small path
+  // further there (shm/algorithm_table.hpp small_max_bytes); every member reads the same
+  // NODAL_CROWDED, and the creator's answer is the communicator's (SharedComm::crowded).
+  const bool crowded = oversubscribed();
+  const std::size_t slot_bytes = state->config.slot_bytes(n, crowded);
   const std::size_t header_bytes = round_up(sizeof(SharedComm), kCacheLine);
   const std::size_t progress_bytes = n * sizeof(Progress);
-  const std::uint64_t depth = state->config.slot_depth(n);
+  const std::uint64_t depth = state->config.slot_depth(n, crowded);
   const std::size_t total = header_bytes + progress_bytes + n * depth * slot_bytes;
   std::string object = "nodal.comm:" + state->name;
   auto* base = static_cast<std::byte*>(arena.find_or_create(object.c_str(), total, kCacheLine, [&](void* where) {
@@ -148,15 +153,15 @@ std::shared_ptr<CommState> open_comm(Arena& arena, std::string name, int rank, s
     shared->slot_bytes = slot_bytes;
     shared->cma_min_bytes = state->config.cma_min_bytes;
     shared->members_hash = members_hash(state->global_ranks);
-    shared->crowded = oversubscribed() ? 1 : 0;
+    shared->crowded = crowded ? 1 : 0;
     auto* progress = reinterpret_cast<Progress*>(static_cast<std::byte*>(where) + header_bytes);
     for (std::size_t r = 0; r < n; ++r) new (&progress[r]) Progress();
   }));
   state->shared = reinterpret_cast<SharedComm*>(base);
   if (state->shared->magic != kCommMagic || state->shared->world_size != static_cast<std::int32_t>(n) ||
       state->shared->slot_bytes != slot_bytes || state->shared->cma_min_bytes != state->config.cma_min_bytes) {
-    throw UsageError(fmt::format("communicator {}: ranks disagree on its size, NODAL_SMALL_MAX_BYTES or "
-                                 "NODAL_CMA_MIN_BYTES (set the same environment for every rank)",
+    throw UsageError(fmt::format("communicator {}: ranks disagree on its size, NODAL_SMALL_MAX_BYTES, "
+                                 "NODAL_CMA_MIN_BYTES or NODAL_CROWDED (set the same environment for every rank)",
                                  state->name));
   }
   if (state->shared->members_hash != members_hash(state->global_ranks)) {

@@ -76,9 +76,10 @@ static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(Call
 /// to kMaxSlotDepth: 64 up to 16 ranks, 32 up to 32, with the default small path), and never less
 /// than as many as fit kSlotBudget per rank (2 to kRankBudgetMaxDepth: 16 from 33 ranks), so large
 /// communicators keep their depth and memory. The cost is arena room, taken when the communicator
-/// opens and kept for the job (no communicator's part of the arena is freed): 2-4 ranks, whose
-/// slots hold 64 KiB (kSmallSlotMaxBytes), 8.0, 12.0 and 16.0 MiB; 5 ranks 5.0 MiB, 16 ranks 16 MiB
-/// (its pipelined ring 64 MiB). A job that opens hundreds of communicators needs a larger --shm-size.
+/// opens and kept for the job (no communicator's part of the arena is freed): 2-4 ranks 2.0, 3.0
+/// and 4.0 MiB, or 8.0, 12.0 and 16.0 MiB where they outnumber cores (their slots then hold 64 KiB,
+/// kSmallSlotMaxBytes); 5 ranks 5.0 MiB, 16 ranks 16 MiB (its pipelined ring 64 MiB). A job that
+/// opens hundreds of communicators needs a larger --shm-size.
 constexpr std::size_t kSmallMaxBytes = 16 * 1024;
 constexpr std::size_t kSmallSlotMaxBytes = 64 * 1024;
 constexpr std::size_t kCommSlotBudget = 16 * 1024 * 1024;
@@ -122,13 +123,14 @@ struct CommConfig {
   std::size_t cma_min_bytes;
   StagingSetting staging;  ///< NODAL_STAGING_STORES (shm/staging_stores.hpp)
   /// Bytes of small-call data a slot of a communicator of `world_size` members holds: small_max
-  /// where set, else kSmallSlotMaxBytes on 2-4 ranks (where some ops take the small path further:
-  /// shm/algorithm_table.hpp small_max_bytes), kSmallMaxBytes beyond.
-  std::size_t slot_data_bytes(std::size_t world_size) const;
+  /// where set, else kSmallSlotMaxBytes on 2-4 ranks that outnumber the cores (`crowded`: where
+  /// some ops take the small path further, shm/algorithm_table.hpp small_max_bytes), else
+  /// kSmallMaxBytes.
+  std::size_t slot_data_bytes(std::size_t world_size, bool crowded) const;
   /// A slot: its header and slot_data_bytes, in whole cache lines.
-  std::size_t slot_bytes(std::size_t world_size) const;
+  std::size_t slot_bytes(std::size_t world_size, bool crowded) const;
   /// Slots per rank of a communicator of `world_size` members (kCommSlotBudget).
-  std::uint64_t slot_depth(std::size_t world_size) const;
+  std::uint64_t slot_depth(std::size_t world_size, bool crowded) const;
 };
 
 /// The arena part, found by name.

@@ -41,9 +41,11 @@ static_assert(kHeaderBytes == 64);
 
 /// What the allocator leaves free in the arena for nodal itself (communicators, queues, the
 /// v-variants' scratch) and for tensors made with nodal_torch.empty_shared: an eighth of the
-/// arena, at least 16 MiB and at most 256 MiB.
+/// arena, at least 48 MiB and at most 256 MiB. The floor holds a new group of 4 ranks that
+/// outnumber the cores with room to spare: its slots take 16 MiB and its pipelined ring 16 MiB
+/// (collectives/src/comm_state.hpp kSmallSlotMaxBytes, CommState::ensure_ring).
 std::size_t reserve_of(std::size_t arena_bytes) {
-  return std::clamp<std::size_t>(arena_bytes / 8, std::size_t{16} << 20, std::size_t{256} << 20);
+  return std::clamp<std::size_t>(arena_bytes / 8, std::size_t{48} << 20, std::size_t{256} << 20);
 }
 
 class ArenaAllocator final : public c10::Allocator {

@@ -4,7 +4,7 @@
 // allreduce that moves a copy's traffic per rank, instead of bringing the peer's data across
 // processes first). Smaller tensors, and any allocation the arena has no room for, come from the
 // allocator that was there before (torch's own), so running out of arena never fails a tensor.
-// The allocator leaves an eighth of the arena (16 MiB to 256 MiB) to nodal itself (communicators,
+// The allocator leaves an eighth of the arena (48 MiB to 256 MiB) to nodal itself (communicators,
 // queues, empty_shared tensors): checked under the arena's lock, so ranks allocating at once
 // cannot pass it together. The idea is the one of PyTorch's pinned-memory and CUDA caching
 // allocators: swap the memory under at::empty, not the program. Set it before DDP is made (DDP
