@@ -318,12 +318,12 @@ TEST(Collectives, RootedCallsTakeTheSmallPathFurtherOnTwoToFourCrowdedRanks) {
 }
 
 TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCores) {
-  // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B, 4 MB and 16 MiB + 400 B of f32 per
-  // rank. While every rank has a core (algorithm_table.hpp, cma_copy_end_bytes), on AMD and other
-  // processors: cma below 512 KiB; from 512 KiB allgather, gather and alltoall take the pipelined
-  // path, from 1 MiB broadcast and scatter too. On Intel's: allgather and alltoall below 16 MiB,
-  // broadcast, gather and scatter at every size. When ranks outnumber cores: cma at
-  // every size. Both cases on any machine: NODAL_CROWDED (nodalrun's verdict,
+  // 3 ranks, private buffers, 512 KiB - 32 B, 1 MiB - 32 B, 1.5 MiB, 4 MB and 16 MiB + 400 B of
+  // f32 per rank. While every rank has a core (algorithm_table.hpp, cma_copy_end_bytes), on AMD and
+  // other processors: cma below 512 KiB; from 512 KiB allgather, gather and alltoall take the
+  // pipelined path, from 1 MiB scatter too, from 2 MiB broadcast. On Intel's: allgather and
+  // alltoall below 16 MiB, broadcast, gather and scatter at every size. When ranks outnumber
+  // cores: cma at every size. Both cases on any machine: NODAL_CROWDED (nodalrun's verdict,
   // Launcher.TheNodeIsCrowdedWhen...) given with -x.
   if (!kernel_allows_cma()) GTEST_SKIP() << "Yama ptrace_scope is " << yama_ptrace_scope() << ": no cma here";
   const int n = 3;
@@ -331,20 +331,21 @@ TEST(Collectives, CopyCollectivesTakeCmaOnLargeMessagesOnlyWhenRanksOutnumberCor
   for (bool crowded : {false, true}) {
     ChildResult r = run_coll(n,
                              {"matrix", "colls=broadcast,allgather,gather,scatter,alltoall",
-                              "sizes=131064,262136,1000003,4194404", "dtypes=f32",
+                              "sizes=131064,262136,393216,1000003,4194404", "dtypes=f32",
                               "variants=raw/in/private,raw/out/private"},
                              {"--shm-size", "1G", "-x", "NODAL_CMA=1", "-x", crowded ? "NODAL_CROWDED=1" : "NODAL_CROWDED=0"});
     expect_all_ranks_ok(r, n);
     auto algorithms = algorithms_used(r.out);
     // Per rank and size, 6 calls: broadcast (in place only), allgather both ways, gather, scatter
     // and alltoall out of place. Not crowded, elsewhere: all 6 cma at 512 KiB - 32 B; at 1 MiB - 32 B
-    // broadcast and scatter cma, the other 4 pipelined; at 4 MB and 16 MiB all 6 pipelined: 8 cma,
-    // 16 pipelined. On Intel: all 6 cma at the first three sizes; at 16 MiB broadcast, gather and
-    // scatter cma, the other 3 pipelined: 21 cma, 3 pipelined.
-    const int cma = crowded ? 24 : intel ? 21 : 8;
+    // broadcast and scatter cma, the other 4 pipelined; at 1.5 MiB broadcast cma, the other 5
+    // pipelined; at 4 MB and 16 MiB all 6 pipelined: 9 cma, 21 pipelined. On Intel: all 6 cma at
+    // the first four sizes; at 16 MiB broadcast, gather and scatter cma, the other 3 pipelined:
+    // 27 cma, 3 pipelined.
+    const int cma = crowded ? 30 : intel ? 27 : 9;
     const std::string where = "crowded " + std::to_string(crowded) + ", intel " + std::to_string(intel) + ": ";
     EXPECT_EQ(algorithms["private:cma"], n * cma) << where << describe(algorithms);
-    EXPECT_EQ(algorithms["private:pipelined"], n * (24 - cma)) << where << describe(algorithms);
+    EXPECT_EQ(algorithms["private:pipelined"], n * (30 - cma)) << where << describe(algorithms);
   }
 }
 
@@ -661,7 +662,7 @@ TEST(Collectives, TheAlgorithmTableHasTwoRowsPerOpAndNamesEachPath) {
                                               " unless ranks outnumber cores) where allowed, else pipelined"))
       << large["alltoall"];
   EXPECT_TRUE(contains(large["broadcast"], intel ? "else cma from 16 KiB where allowed, else pipelined"
-                                                 : "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores)"))
+                                                 : "else cma from 16 KiB (below 2 MiB unless ranks outnumber cores)"))
       << large["broadcast"];
   EXPECT_TRUE(contains(large["scatter"], intel ? "else cma from 16 KiB where allowed, else pipelined"
                                                : "else cma from 16 KiB (below 1 MiB unless ranks outnumber cores)"))

@@ -48,7 +48,7 @@
 //              share_memory()): peers' buffers are read where they are (single copy); allreduce's
 //              is one pass, each block's owner reducing it and writing it into every output.
 //   cma        copies (broadcast, allgather, gather, scatter, alltoall) of >= 16 KiB per rank from
-//              private buffers, below 1 MiB (allgather, gather, alltoall: 512 KiB; on Intel
+//              private buffers, below 1 MiB (broadcast 2 MiB; allgather, gather, alltoall: 512 KiB; on Intel
 //              processors allgather and alltoall 16 MiB, broadcast, gather and scatter at
 //              every size) unless ranks outnumber cores (NODAL_CROWDED): one
 //              process_vm_readv per peer (cross-memory attach, single copy, as Open MPI and MPICH

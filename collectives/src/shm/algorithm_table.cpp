@@ -129,7 +129,11 @@ std::size_t cma_copy_end_bytes(CollKind kind) noexcept {
       default: return kXeonCmaAllProduceEndBytes;
     }
   }
-  return kind == CollKind::broadcast || kind == CollKind::scatter ? kCmaCopyEndBytes : kCmaCopyAllProduceEndBytes;
+  switch (kind) {
+    case CollKind::broadcast: return kCmaBroadcastEndBytes;
+    case CollKind::scatter: return kCmaCopyEndBytes;
+    default: return kCmaCopyAllProduceEndBytes;
+  }
 }
 
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,

@@ -11,7 +11,7 @@
 //              shm/push_allreduce.cpp allreduce's: each block's owner reduces it and writes it
 //                                     into every output (one pass: a copy's traffic)
 //   cma        shm/cma.cpp            private buffers of the copy collectives (below 1 MiB,
-//                                     allgather, gather, alltoall below 512 KiB, unless
+//                                     broadcast 2 MiB, allgather, gather, alltoall 512 KiB, unless
 //                                     ranks outnumber cores), reduce (while every rank has
 //                                     a core) and (2 ranks, 1-32 MiB, in place 1-64 MiB) allreduce,
 //                                     >= NODAL_CMA_MIN_BYTES per rank: one process_vm_readv
@@ -84,13 +84,22 @@ bool takes_small(CollKind kind, bool on_gpu, std::size_t largest_bytes, int worl
 Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool in_place, bool all_in_arena,
                           bool cma_usable, bool crowded);
 
-/// broadcast and scatter, whose root alone produces, take cma below this size (bytes per rank)
-/// unless ranks outnumber cores: with a core per rank the pipelined path, where the producer
-/// stages a chunk while its consumers copy out the previous one, uses both cores and was 1.1-4.2x
-/// faster from 1 MiB on 2 ranks (broadcast 2.9-4.2x from 2 MiB; scatter 0.84-0.89x at 32-64 MiB
-/// the exception), cma 1.1-2x faster at 64-512 KiB; with 4 ranks on 2 cores cma won at nearly
-/// every size, up to 6x (bench/results/2026-11-27-cma-copy-limit.md).
+/// scatter, whose root alone produces, takes cma below this size (bytes per rank) unless ranks
+/// outnumber cores: with a core per rank the pipelined path, where the producer stages a chunk
+/// while its consumers copy out the previous one, uses both cores and was 1.1-4.2x faster from
+/// 1 MiB on 2 ranks (broadcast 2.9-4.2x from 2 MiB; scatter 0.84-0.89x at 32-64 MiB the
+/// exception), cma 1.1-2x faster at 64-512 KiB; with 4 ranks on 2 cores cma won at nearly every
+/// size, up to 6x (bench/results/2026-11-27-cma-copy-limit.md). Measured again on AMD EPYC on
+/// 2026-12-08 with scatter on cma at every size: 0.69-0.80x at 2-64 MiB
+/// (bench/results/2026-12-08-cma-broadcast-end-epyc.md).
 constexpr std::size_t kCmaCopyEndBytes = 1024 * 1024;
+
+/// broadcast's end instead, since its root writes a share of the message into the receivers while
+/// they read the rest (shm/cma.cpp run_cma_broadcast): on 2 ranks of an AMD EPYC the split cma
+/// was 1.49-1.61x the pipelined path's speed at 1 MiB (42 us against 64-67), even at 2-16 MiB
+/// (0.93-1.10x) and behind at 32-64 MiB (0.77-0.88x)
+/// (bench/results/2026-12-08-cma-broadcast-end-epyc.md).
+constexpr std::size_t kCmaBroadcastEndBytes = 2u << 20;
 
 /// allgather, gather and alltoall, where every rank produces, take cma below this size instead:
 /// at 512 KiB on 2 ranks their pipelined path in two steps was 1.2-1.9x cma's speed (gather
@@ -110,8 +119,8 @@ constexpr std::size_t kCmaCopyAllProduceEndBytes = 512 * 1024;
 constexpr std::size_t kXeonCmaAllProduceEndBytes = 16u << 20;
 
 /// Below which size (bytes per rank) a copy collective of `kind` takes cma while every rank has
-/// a core: kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes, or on an Intel processor the Xeon ends
-/// (SIZE_MAX: no end). The same on every rank of a node (one processor).
+/// a core: kCmaBroadcastEndBytes, kCmaCopyEndBytes or kCmaCopyAllProduceEndBytes, or on an Intel
+/// processor the Xeon ends (SIZE_MAX: no end). The same on every rank of a node (one processor).
 std::size_t cma_copy_end_bytes(CollKind kind) noexcept;
 
 /// reduce takes cma (while every rank has a core) or linear (when ranks outnumber cores), its root
