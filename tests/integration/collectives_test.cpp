@@ -286,7 +286,7 @@ bool intel_processor() {
 
 TEST(Collectives, RootedCallsTakeTheSmallPathFurtherOnTwoToFourCrowdedRanks) {
   // shm/algorithm_table.hpp small_max_bytes: a call is small while its largest slot contribution
-  // (a scatter root's, every alltoall and reduce_scatter rank's: world_size messages) is within
+  // (a scatter root's but on 2 ranks, every alltoall and reduce_scatter rank's: world_size messages) is within
   // 16 KiB, except where ranks outnumber cores: on 2-4 ranks broadcast and scatter up to 64 KiB,
   // on 4 ranks reduce up to 32 KiB. Private buffers in place and out: allreduce, reduce, allgather and reduce_scatter
   // 2 calls per size, broadcast, gather, scatter and alltoall 1; every result checked.
@@ -302,6 +302,10 @@ TEST(Collectives, RootedCallsTakeTheSmallPathFurtherOnTwoToFourCrowdedRanks) {
            Case{4, true, 22},
            // 16 KiB for every op: broadcast 2, reduce 4, allgather 4, gather 2, allreduce 4.
            Case{4, false, 16},
+           // The same on 2 ranks, and reduce_scatter 2 and alltoall 1 (8 KiB: 2 blocks within
+           // 16 KiB), scatter 2 (8-16 KiB: the root's slot holds the other rank's block alone,
+           // scatter_slot_offset).
+           Case{2, false, 21},
        }) {
     ChildResult r = run_coll(c.n,
                              {"matrix", "colls=all", "sizes=8192B,16384B,32768B,65536B", "dtypes=f32", "ops=sum",

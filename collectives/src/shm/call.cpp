@@ -186,13 +186,13 @@ void Call::publish_header(bool small, bool wake) {
   if (small && contribution_ != 0) {
     if (call_.kind == CollKind::scatter && n_ == 2) {
       // The root's own block stays where it is (run_small copies it from its input): the slot
-      // gets the other's block only, at its place. On 2 ranks of an Intel Xeon 1.1-2x at 128 B-1 KiB
-      // and 4-8 KiB (0.8x at 2 KiB); on 4 ranks sharing 2 cores 0.7-0.9x at 512 B-2 KiB, so not there
-      // (bench/results/2026-12-02-small-rooted-prefetch.md).
+      // gets the other's block only, at its start (scatter_slot_offset). On 2 ranks of an Intel
+      // Xeon 1.1-2x at 128 B-1 KiB and 4-8 KiB (0.8x at 2 KiB); on 4 ranks sharing 2 cores
+      // 0.7-0.9x at 512 B-2 KiB, so not there (bench/results/2026-12-02-small-rooted-prefetch.md).
       const std::size_t block = call_.count * esize_;
-      for (int j = 0; j < n_; ++j) {
-        if (j != r_) std::memcpy(c_.inline_data(r_, seq_) + j * block, bytes(call_.input) + j * block, block);
-      }
+      const int other = 1 - r_;
+      std::memcpy(c_.inline_data(r_, seq_) + scatter_slot_offset(n_, other, block), bytes(call_.input) + other * block,
+                  block);
     } else {
       std::memcpy(c_.inline_data(r_, seq_), call_.input, contribution_);
     }
@@ -382,7 +382,7 @@ void Call::prefetch_next_slots(bool toward_root) const {
   // The lines of the next slot this call's part would lie in, should the next call be like it
   // (back to back calls of one size): the header's, and those of the data past its first 32 bytes.
   const std::size_t n = call_.count * esize_;
-  const std::size_t first = call_.kind == CollKind::scatter ? static_cast<std::size_t>(r_) * n : 0;
+  const std::size_t first = call_.kind == CollKind::scatter ? scatter_slot_offset(n_, r_, n) : 0;
   const std::size_t from = (kInlineOffset + first) / kCacheLine;
   const std::size_t to = std::min((kInlineOffset + first + n + kCacheLine - 1) / kCacheLine, from + kPrefetchSlotLines);
   for (int j = 0; j < n_; ++j) {

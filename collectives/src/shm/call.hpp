@@ -225,4 +225,13 @@ class Call {
 /// What a rank puts in its slot on the small path, in bytes.
 std::size_t contribution_bytes(const CollCall& call, int world_size, int rank);
 
+/// Where rank `rank`'s block of a small scatter lies in the root's slot data, for blocks of
+/// `block` bytes: at rank x block, or on 2 ranks at 0, since there the root's slot holds the
+/// other rank's block alone (its own stays in its input): a block of up to 32 bytes then shares
+/// the header's cache line, and 2-rank scatter takes the small path up to the small limit per
+/// rank instead of half of it (bench/results/2026-12-08-two-rank-scatter-slot.md).
+inline std::size_t scatter_slot_offset(int world_size, int rank, std::size_t block) {
+  return world_size == 2 ? 0 : static_cast<std::size_t>(rank) * block;
+}
+
 }  // namespace nodal::detail

@@ -20,7 +20,9 @@ std::size_t contribution_bytes(const CollCall& call, int world_size, int rank) {
     case CollKind::gather:
     case CollKind::split: return n;
     case CollKind::broadcast: return rank == call.root ? n : 0;
-    case CollKind::scatter: return rank == call.root ? n * static_cast<std::size_t>(world_size) : 0;
+    case CollKind::scatter:
+      if (rank != call.root) return 0;
+      return world_size == 2 ? n : n * static_cast<std::size_t>(world_size);  // scatter_slot_offset
     case CollKind::reduce_scatter:
     case CollKind::alltoall: return n * static_cast<std::size_t>(world_size);
     default: return 0;  // the v-variants stage elsewhere
@@ -54,7 +56,10 @@ void Call::run_small() {
       for (int j = 0; j < n_; ++j) copy_bytes(bytes(call_.output) + j * n, j == r_ ? call_.input : c_.inline_data(j, seq_), n);
       return;
     case CollKind::scatter:
-      copy_bytes(call_.output, (r_ == call_.root ? bytes(call_.input) : c_.inline_data(call_.root, seq_)) + r_ * n, n);
+      copy_bytes(call_.output,
+                 r_ == call_.root ? bytes(call_.input) + r_ * n
+                                  : c_.inline_data(call_.root, seq_) + scatter_slot_offset(n_, r_, n),
+                 n);
       return;
     case CollKind::alltoall:
       for (int j = 0; j < n_; ++j) {
