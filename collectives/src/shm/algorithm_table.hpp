@@ -55,8 +55,8 @@ inline bool is_reduction(CollKind kind) noexcept {
 }
 
 /// How far a call of `kind` takes the small path: the largest per-rank slot contribution
-/// (shm/call.hpp contribution_bytes: a scatter root's and every alltoall and reduce_scatter
-/// rank's is world_size messages) on a communicator of `world_size` members, `crowded` when
+/// (shm/call.hpp contribution_bytes: a scatter root's, but on 2 ranks, and every alltoall and
+/// reduce_scatter rank's is world_size messages) on a communicator of `world_size` members, `crowded` when
 /// ranks outnumber cores (SharedComm::crowded). NODAL_SMALL_MAX_BYTES, where set, for every op;
 /// else kSmallMaxBytes, except where ranks outnumber cores: on 2-4 ranks broadcast and scatter
 /// take it up to 64 KiB (kSmallSlotMaxBytes), on 4 ranks reduce up to 32 KiB. There a lockstep call
