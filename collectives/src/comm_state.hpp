@@ -142,7 +142,8 @@ struct SharedComm {
   std::uint64_t members_hash;  ///< of the members' global ranks in rank order (members_hash())
   /// Whether this node runs more ranks than a rank may use CPUs (detail::oversubscribed()), as
   /// the member that made the communicator saw it: every member picks algorithms by this one
-  /// value (a rank bound differently could see another).
+  /// value. On 2-4 members it also sizes the slots (CommConfig::slot_data_bytes), so there a
+  /// member that sees otherwise (NODAL_CROWDED set differently) gets UsageError at open.
   std::uint8_t crowded;
   WaitWord word;  ///< every flag of the communicator notifies this one word
   /// Set once, by the first member that left a call part-way (mark_comm_broken): an error other

@@ -306,6 +306,10 @@ TEST(Collectives, RootedCallsTakeTheSmallPathFurtherOnTwoToFourCrowdedRanks) {
            // 16 KiB), scatter 2 (8-16 KiB: the root's slot holds the other rank's block alone,
            // scatter_slot_offset).
            Case{2, false, 21},
+           // 2 crowded ranks: broadcast and scatter to 64 KiB (4 each: scatter's root slot holds
+           // one block), reduce to 16 KiB as the others (4, as allreduce and allgather; gather 2,
+           // reduce_scatter 2, alltoall 1).
+           Case{2, true, 25},
        }) {
     ChildResult r = run_coll(c.n,
                              {"matrix", "colls=all", "sizes=8192B,16384B,32768B,65536B", "dtypes=f32", "ops=sum",

@@ -9,7 +9,8 @@
 // - Collective calls are made by every rank of the communicator, in the same order, with the same
 //   count, dtype, op and root. A mismatch is detected and throws UsageError on every rank (never
 //   a hang or a wrong answer); the communicator stays usable afterwards. One exception in timing:
-//   small broadcast, scatter, gather and reduce (<= 16 KiB per rank; on 2-4 ranks outnumbering
+//   small broadcast, scatter, gather and reduce (<= 16 KiB of slot data per rank: a scatter root's
+//   is every block but on 2 ranks, where it is one; on 2-4 ranks outnumbering
 //   cores broadcast and scatter up to 64 KiB in the root's slot, on 4 reduce up to 32 KiB; or
 //   NODAL_SMALL_MAX_BYTES) are eager, as in MPI: their senders (the root of broadcast and scatter,
 //   the others of gather and reduce) post and return, up to 63 calls ahead of the receivers with
@@ -75,7 +76,9 @@
 //                                 the buffers are in the arena; elsewhere the automatic choice.
 //   NODAL_CMA=0                   never use cross-memory attach
 //   NODAL_CMA_MIN_BYTES=N         smallest copy (bytes per rank) that takes cma (default 16 KiB)
-//   NODAL_SMALL_MAX_BYTES=N       largest message (bytes per rank) that takes the small path,
+//   NODAL_SMALL_MAX_BYTES=N       largest slot contribution (bytes per rank: a message, or
+//                                 world_size blocks for alltoall, reduce_scatter and a scatter
+//                                 root of 3 or more ranks) that takes the small path,
 //                                 for every op (default 16 KiB; broadcast and scatter 64 KiB on
 //                                 2-4 ranks outnumbering cores, reduce 32 KiB on 4; 0: never)
 //   NODAL_CHUNK_BYTES=N           pipeline chunk: most bytes per step, all blocks together (default
@@ -84,8 +87,9 @@
 //   NODAL_REDUCE_ISA=auto|avx2|baseline  the reductions' instruction set: AVX2 where the CPU has
 //                                 it (x86-64 builds), else the baseline; the bits are the same
 // Sizes accept suffixes (64K, 1M, 2Mi, 1MiB: powers of 1024). The per-rank slots live in the
-// arena (16 * (32 B + small max) per rank, fewer for a small max above 32 KiB: 512 KiB at most), and from the first pipelined or linear call a staging ring
-// (4 * chunk per rank) per communicator, for the life of the job.
+// arena (64 slots of 32 B + 16 KiB per rank up to 16 ranks, about 1 MiB; 64 KiB slots, about
+// 4 MiB, on 2-4 ranks outnumbering cores; src/comm_state.hpp), and from the first pipelined or
+// linear call a staging ring (4 * chunk per rank) per communicator, for the life of the job.
 #pragma once
 
 #include <nodal/context.hpp>

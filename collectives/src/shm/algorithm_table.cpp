@@ -106,7 +106,7 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
 
 std::size_t small_max_bytes(CollKind kind, int world_size, bool crowded, const CommConfig& config) noexcept {
   if (config.small_max_set) return config.small_max;
-  if (crowded && world_size <= 4) {
+  if (crowded && world_size >= 2 && world_size <= 4) {
     if (kind == CollKind::broadcast || kind == CollKind::scatter) return kSmallSlotMaxBytes;
     if (kind == CollKind::reduce && world_size == 4) return kSmallSlotMaxBytes / 2;
   }
@@ -141,8 +141,8 @@ Algorithm large_algorithm(CollKind kind, std::size_t bytes, int world_size, bool
   const Forced forced = forced_algorithm(kind);
   if (all_in_arena && forced != Forced::pipelined) return Algorithm::in_place;
   if (kind == CollKind::reduce) return reduce_algorithm(bytes, world_size, cma_usable, crowded, forced);
-  // The copy collectives read their peers' inputs once (a single copy) below 1 MiB or 512 KiB (on
-  // Intel processors further: cma_copy_end_bytes), and
+  // The copy collectives read their peers' inputs once (a single copy) below 2 MiB (broadcast),
+  // 1 MiB (scatter) or 512 KiB (on Intel processors further: cma_copy_end_bytes), and
   // at any size when ranks outnumber cores (algorithm_table.hpp, cma_copy_end_bytes). So does
   // allreduce on 2 ranks from 1 MiB (algorithm_table.hpp; on 4 ranks sharing 2 cores it lost,
   // 0.8x); reduce_scatter stays pipelined.

@@ -3,7 +3,7 @@
 // prints it). Internal. The algorithms, each in the file named for it:
 //
 //   small      shm/small.cpp          the data rides in the call slots with the headers
-//                                     (<= 16 KiB per rank; broadcast, scatter, reduce further
+//                                     (<= 16 KiB of slot data per rank; broadcast, scatter, reduce further
 //                                     where ranks outnumber cores: small_max_bytes); for broadcast,
 //                                     scatter, gather and reduce one-directional: the sender
 //                                     posts and returns (shm/call.hpp "Rooted small calls")
