@@ -62,7 +62,7 @@ const char* coll_kind_name(CollKind kind) noexcept {
 
 std::size_t CommConfig::slot_data_bytes(std::size_t world_size, bool crowded) const {
   if (small_max_set) return small_max;
-  return crowded && world_size >= 2 && world_size <= 4 ? kSmallSlotMaxBytes : kSmallMaxBytes;
+  return has_wide_slots(world_size, crowded) ? kSmallSlotMaxBytes : kSmallMaxBytes;
 }
 
 std::size_t CommConfig::slot_bytes(std::size_t world_size, bool crowded) const {

@@ -82,6 +82,13 @@ static_assert(offsetof(CallHeader, input_offset) == kInlineOffset && sizeof(Call
 /// opens hundreds of communicators needs a larger --shm-size.
 constexpr std::size_t kSmallMaxBytes = 16 * 1024;
 constexpr std::size_t kSmallSlotMaxBytes = 64 * 1024;
+/// Whether a communicator of `world_size` members, `crowded` when its node's ranks outnumber the
+/// cores, has slots of kSmallSlotMaxBytes and ops that take the small path past kSmallMaxBytes: 2-4
+/// crowded members. The one rule behind both (CommConfig::slot_data_bytes and
+/// shm/algorithm_table.hpp small_max_bytes), so that no small call outgrows its slot.
+constexpr bool has_wide_slots(std::size_t world_size, bool crowded) noexcept {
+  return crowded && world_size >= 2 && world_size <= 4;
+}
 constexpr std::size_t kCommSlotBudget = 16 * 1024 * 1024;
 constexpr std::size_t kSlotBudget = 512 * 1024;
 constexpr std::uint64_t kRankBudgetMaxDepth = 16;

@@ -106,7 +106,7 @@ const char* algorithm_name(Algorithm algorithm) noexcept {
 
 std::size_t small_max_bytes(CollKind kind, int world_size, bool crowded, const CommConfig& config) noexcept {
   if (config.small_max_set) return config.small_max;
-  if (crowded && world_size >= 2 && world_size <= 4) {
+  if (has_wide_slots(static_cast<std::size_t>(world_size), crowded)) {
     if (kind == CollKind::broadcast || kind == CollKind::scatter) return kSmallSlotMaxBytes;
     if (kind == CollKind::reduce && world_size == 4) return kSmallSlotMaxBytes / 2;
   }

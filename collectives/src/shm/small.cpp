@@ -20,9 +20,8 @@ std::size_t contribution_bytes(const CollCall& call, int world_size, int rank) {
     case CollKind::gather:
     case CollKind::split: return n;
     case CollKind::broadcast: return rank == call.root ? n : 0;
-    case CollKind::scatter:
-      if (rank != call.root) return 0;
-      return world_size == 2 ? n : n * static_cast<std::size_t>(world_size);  // scatter_slot_offset
+    case CollKind::scatter:  // up to the end of the last block in the root's slot
+      return rank == call.root ? scatter_slot_offset(world_size, world_size - 1, n) + n : 0;
     case CollKind::reduce_scatter:
     case CollKind::alltoall: return n * static_cast<std::size_t>(world_size);
     default: return 0;  // the v-variants stage elsewhere
